@@ -1,0 +1,759 @@
+//! The CPU backend: every device shard is host memory, ops run one rayon task per device, and
+//! collectives are real reductions between the shards. This is the numerical reference of
+//! clef-tt and the backend of tests, CI and small deployments.
+
+mod attention;
+pub mod delta_rule;
+pub mod matmul;
+
+use crate::{
+    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
+    MeshShape, Result, RopeSpec, WeightData, WeightFormat,
+};
+use rayon::prelude::*;
+
+/// Where a tensor's shards stand relative to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Replicated,
+    Sharded,
+    Partial,
+}
+
+impl Placement {
+    fn name(&self) -> &'static str {
+        match self {
+            Placement::Replicated => "replicated",
+            Placement::Sharded => "sharded",
+            Placement::Partial => "partial",
+        }
+    }
+}
+
+/// A mesh tensor on the CPU: one host matrix per device.
+#[derive(Clone, Debug)]
+pub struct CpuTensor {
+    pub placement: Placement,
+    pub shards: Vec<HostTensor>,
+}
+
+/// A weight on the CPU: one `[out, in]` part per device.
+pub struct CpuWeight {
+    parts: Vec<HostWeight>,
+}
+
+/// A CPU mesh of `shape.devices()` simulated devices.
+#[derive(Clone, Debug)]
+pub struct CpuMesh {
+    shape: MeshShape,
+}
+
+impl CpuMesh {
+    pub fn new(shape: MeshShape) -> Self {
+        CpuMesh { shape }
+    }
+
+    fn devices(&self) -> usize {
+        self.shape.devices()
+    }
+
+    /// Run `f` on every device's shard (one rayon task per device).
+    fn per_device<T: Send>(
+        &self,
+        f: impl Fn(usize) -> Result<T> + Sync + Send,
+    ) -> Result<Vec<T>> {
+        if self.devices() == 1 {
+            return Ok(vec![f(0)?]);
+        }
+        (0..self.devices()).into_par_iter().map(f).collect()
+    }
+
+    /// A result whose placement follows the input's (partial sums stay partial only for linear).
+    fn elementwise(
+        &self,
+        op: &'static str,
+        inputs: &[&CpuTensor],
+        f: impl Fn(usize, &[&HostTensor]) -> Result<HostTensor> + Sync + Send,
+    ) -> Result<CpuTensor> {
+        let placement = inputs[0].placement;
+        for t in inputs {
+            if t.placement == Placement::Partial {
+                return Err(layout(op, "complete", t.placement));
+            }
+            if t.shards.len() != self.devices() {
+                return Err(DeviceError::Parts {
+                    op,
+                    got: t.shards.len(),
+                    devices: self.devices(),
+                });
+            }
+        }
+        let placement = if inputs.iter().any(|t| t.placement == Placement::Sharded) {
+            Placement::Sharded
+        } else {
+            placement
+        };
+        let shards = self.per_device(|d| {
+            let parts: Vec<&HostTensor> = inputs.iter().map(|t| &t.shards[d]).collect();
+            f(d, &parts)
+        })?;
+        Ok(CpuTensor { placement, shards })
+    }
+
+    fn same_shape(op: &'static str, a: &HostTensor, b: &HostTensor) -> Result<()> {
+        if a.rows != b.rows || a.cols != b.cols {
+            return Err(shape(
+                op,
+                format!("{}x{} vs {}x{}", a.rows, a.cols, b.rows, b.cols),
+            ));
+        }
+        Ok(())
+    }
+
+    fn vector<'a>(op: &'static str, w: &'a CpuWeight, d: usize, len: usize) -> Result<Vec<f32>> {
+        let part = &w.parts[d];
+        if part.rows * part.cols != len {
+            return Err(shape(
+                op,
+                format!("weight of {} values, expected {len}", part.rows * part.cols),
+            ));
+        }
+        Ok(part.to_f32())
+    }
+}
+
+fn shape(op: &'static str, detail: String) -> DeviceError {
+    DeviceError::Shape { op, detail }
+}
+
+fn layout(op: &'static str, expected: &'static str, got: Placement) -> DeviceError {
+    DeviceError::Layout {
+        op,
+        expected,
+        got: got.name(),
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// PyTorch's softplus (beta 1, threshold 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+impl MeshOps for CpuMesh {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+
+    fn mesh(&self) -> MeshShape {
+        self.shape
+    }
+
+    fn replicate(&self, host: &HostTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor {
+            placement: Placement::Replicated,
+            shards: vec![host.clone(); self.devices()],
+        })
+    }
+
+    fn shard(&self, parts: Vec<HostTensor>) -> Result<CpuTensor> {
+        if parts.len() != self.devices() {
+            return Err(DeviceError::Parts {
+                op: "shard",
+                got: parts.len(),
+                devices: self.devices(),
+            });
+        }
+        Ok(CpuTensor {
+            placement: Placement::Sharded,
+            shards: parts,
+        })
+    }
+
+    fn gather(&self, t: &CpuTensor, axis: GatherAxis) -> Result<HostTensor> {
+        match t.placement {
+            Placement::Replicated => Ok(t.shards[0].clone()),
+            Placement::Partial => Ok(self.all_reduce(t)?.shards[0].clone()),
+            Placement::Sharded => match axis {
+                GatherAxis::Rows => {
+                    let cols = t.shards[0].cols;
+                    if t.shards.iter().any(|s| s.cols != cols) {
+                        return Err(shape("gather", "shards of different widths".into()));
+                    }
+                    let rows = t.shards.iter().map(|s| s.rows).sum();
+                    let data = t.shards.iter().flat_map(|s| s.data.iter().copied()).collect();
+                    Ok(HostTensor::new(rows, cols, data))
+                }
+                GatherAxis::Cols => {
+                    let rows = t.shards[0].rows;
+                    if t.shards.iter().any(|s| s.rows != rows) {
+                        return Err(shape("gather", "shards of different heights".into()));
+                    }
+                    let cols: usize = t.shards.iter().map(|s| s.cols).sum();
+                    let mut data = Vec::with_capacity(rows * cols);
+                    for r in 0..rows {
+                        for s in &t.shards {
+                            data.extend_from_slice(s.row(r));
+                        }
+                    }
+                    Ok(HostTensor::new(rows, cols, data))
+                }
+            },
+        }
+    }
+
+    fn device_parts(&self, t: &CpuTensor) -> Result<Vec<HostTensor>> {
+        Ok(t.shards.clone())
+    }
+
+    fn tensor_bytes(&self, t: &CpuTensor) -> usize {
+        t.shards.iter().map(|s| s.data.len() * 4).sum()
+    }
+
+    fn upload_weight(&self, parts: Vec<HostWeight>, format: WeightFormat) -> Result<CpuWeight> {
+        if parts.len() != self.devices() {
+            return Err(DeviceError::Parts {
+                op: "upload_weight",
+                got: parts.len(),
+                devices: self.devices(),
+            });
+        }
+        Ok(CpuWeight {
+            parts: parts.into_iter().map(|p| p.into_format(format)).collect(),
+        })
+    }
+
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.parts
+            .iter()
+            .map(|p| match &p.data {
+                WeightData::F32(v) => v.len() * 4,
+                WeightData::Bf16(v) => v.len() * 2,
+            })
+            .sum()
+    }
+
+    fn linear(&self, x: &CpuTensor, w: &CpuWeight) -> Result<CpuTensor> {
+        let placement = match x.placement {
+            Placement::Replicated => Placement::Sharded,
+            Placement::Sharded => Placement::Partial,
+            Placement::Partial => return Err(layout("linear", "complete", x.placement)),
+        };
+        // A replicated input against a replicated (1-device) plan stays replicated.
+        let placement = if self.devices() == 1 && x.placement == Placement::Replicated {
+            Placement::Replicated
+        } else {
+            placement
+        };
+        let shards = self.per_device(|d| {
+            let (xs, wp) = (&x.shards[d], &w.parts[d]);
+            if xs.cols != wp.cols {
+                return Err(shape(
+                    "linear",
+                    format!("input width {} vs weight [{}, {}]", xs.cols, wp.rows, wp.cols),
+                ));
+            }
+            Ok(HostTensor::new(
+                xs.rows,
+                wp.rows,
+                matmul::linear(&xs.data, xs.rows, wp),
+            ))
+        })?;
+        Ok(CpuTensor { placement, shards })
+    }
+
+    fn all_reduce(&self, x: &CpuTensor) -> Result<CpuTensor> {
+        match x.placement {
+            Placement::Replicated => Ok(x.clone()),
+            Placement::Sharded => Err(layout("all_reduce", "partial", x.placement)),
+            Placement::Partial => {
+                let first = &x.shards[0];
+                let mut sum = first.clone();
+                for s in &x.shards[1..] {
+                    Self::same_shape("all_reduce", first, s)?;
+                    sum.data.iter_mut().zip(&s.data).for_each(|(a, b)| *a += b);
+                }
+                self.replicate(&sum)
+            }
+        }
+    }
+
+    fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Result<Vec<CpuTensor>> {
+        if x.placement == Placement::Partial {
+            return Err(layout("split_cols", "complete", x.placement));
+        }
+        let total: usize = widths.iter().sum();
+        let mut outs: Vec<CpuTensor> = widths
+            .iter()
+            .map(|_| CpuTensor {
+                placement: x.placement,
+                shards: Vec::with_capacity(x.shards.len()),
+            })
+            .collect();
+        for s in &x.shards {
+            if s.cols != total {
+                return Err(shape(
+                    "split_cols",
+                    format!("{} columns split as {widths:?}", s.cols),
+                ));
+            }
+            let mut start = 0;
+            for (out, &w) in outs.iter_mut().zip(widths) {
+                let mut data = Vec::with_capacity(s.rows * w);
+                for r in 0..s.rows {
+                    data.extend_from_slice(&s.row(r)[start..start + w]);
+                }
+                out.shards.push(HostTensor::new(s.rows, w, data));
+                start += w;
+            }
+        }
+        Ok(outs)
+    }
+
+    fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
+        self.elementwise("add", &[a, b], |_, p| {
+            Self::same_shape("add", p[0], p[1])?;
+            let data = p[0].data.iter().zip(&p[1].data).map(|(x, y)| x + y).collect();
+            Ok(HostTensor::new(p[0].rows, p[0].cols, data))
+        })
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        group: usize,
+        eps: f32,
+        one_plus: bool,
+    ) -> Result<CpuTensor> {
+        self.elementwise("rms_norm", &[x], |d, p| {
+            let mut w = Self::vector("rms_norm", w, d, group)?;
+            if one_plus {
+                w.iter_mut().for_each(|v| *v += 1.0);
+            }
+            if group == 0 || p[0].cols % group != 0 {
+                return Err(shape("rms_norm", format!("{} columns in groups of {group}", p[0].cols)));
+            }
+            let mut out = p[0].clone();
+            for g in out.data.chunks_mut(group) {
+                let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                g.iter_mut().zip(&w).for_each(|(v, wv)| *v = *v * inv * wv);
+            }
+            Ok(out)
+        })
+    }
+
+    fn swiglu(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
+        self.elementwise("swiglu", &[gate_up], |_, p| {
+            let s = p[0];
+            if s.cols % 2 != 0 {
+                return Err(shape("swiglu", format!("{} columns are not [gate | up]", s.cols)));
+            }
+            let half = s.cols / 2;
+            let mut data = Vec::with_capacity(s.rows * half);
+            for r in 0..s.rows {
+                let row = s.row(r);
+                data.extend(row[..half].iter().zip(&row[half..]).map(|(g, u)| silu(*g) * u));
+            }
+            Ok(HostTensor::new(s.rows, half, data))
+        })
+    }
+
+    fn split_query_gate(
+        &self,
+        qg: &CpuTensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        let q = self.elementwise("split_query_gate", &[qg], |_, p| {
+            pick_half(p[0], heads, head_dim, 0)
+        })?;
+        let g = self.elementwise("split_query_gate", &[qg], |_, p| {
+            pick_half(p[0], heads, head_dim, 1)
+        })?;
+        Ok((q, g))
+    }
+
+    fn rope(&self, x: &CpuTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<CpuTensor> {
+        let half = spec.rotary_dim / 2;
+        // Inverse frequencies in f32, as PyTorch computes them.
+        let inv: Vec<f32> = (0..half)
+            .map(|j| {
+                let exponent = (2 * j) as f32 / spec.rotary_dim as f32;
+                1.0 / (spec.theta as f32).powf(exponent)
+            })
+            .collect();
+        let axis: Vec<usize> = (0..half)
+            .map(|j| {
+                if j % 3 == 1 && j < 3 * spec.mrope_section[1] {
+                    1
+                } else if j % 3 == 2 && j < 3 * spec.mrope_section[2] {
+                    2
+                } else {
+                    0
+                }
+            })
+            .collect();
+        self.elementwise("rope", &[x], |_, p| {
+            let s = p[0];
+            if s.cols != spec.heads * spec.head_dim || s.rows != positions.len() {
+                return Err(shape(
+                    "rope",
+                    format!(
+                        "{}x{} for {} positions of {} heads x {}",
+                        s.rows,
+                        s.cols,
+                        positions.len(),
+                        spec.heads,
+                        spec.head_dim
+                    ),
+                ));
+            }
+            let mut out = s.clone();
+            let mut cos = vec![0.0f32; half];
+            let mut sin = vec![0.0f32; half];
+            for (r, pos) in positions.iter().enumerate() {
+                for j in 0..half {
+                    let angle = pos[axis[j]] as f32 * inv[j];
+                    cos[j] = angle.cos();
+                    sin[j] = angle.sin();
+                }
+                let row = &mut out.data[r * s.cols..(r + 1) * s.cols];
+                for head in row.chunks_mut(spec.head_dim) {
+                    for j in 0..half {
+                        let (a, b) = (head[j], head[j + half]);
+                        head[j] = a * cos[j] - b * sin[j];
+                        head[j + half] = b * cos[j] + a * sin[j];
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn append_rows(&self, cache: Option<&CpuTensor>, new: &CpuTensor) -> Result<CpuTensor> {
+        let Some(cache) = cache else {
+            return Ok(new.clone());
+        };
+        self.elementwise("append_rows", &[cache, new], |_, p| {
+            if p[0].cols != p[1].cols {
+                return Err(shape("append_rows", format!("{} vs {} columns", p[0].cols, p[1].cols)));
+            }
+            let mut data = Vec::with_capacity(p[0].data.len() + p[1].data.len());
+            data.extend_from_slice(&p[0].data);
+            data.extend_from_slice(&p[1].data);
+            Ok(HostTensor::new(p[0].rows + p[1].rows, p[0].cols, data))
+        })
+    }
+
+    fn causal_attention(
+        &self,
+        q: &CpuTensor,
+        keys: &CpuTensor,
+        values: &CpuTensor,
+        spec: &AttentionSpec,
+    ) -> Result<CpuTensor> {
+        self.elementwise("causal_attention", &[q, keys, values], |_, p| {
+            let (q, k, v) = (p[0], p[1], p[2]);
+            let kvw = spec.kv_heads * spec.head_dim;
+            if q.cols != spec.heads * spec.head_dim
+                || k.cols != kvw
+                || v.cols != kvw
+                || k.rows != v.rows
+                || k.rows < q.rows
+                || spec.kv_heads == 0
+                || spec.heads % spec.kv_heads != 0
+            {
+                return Err(shape(
+                    "causal_attention",
+                    format!("q {}x{}, k {}x{}, v {}x{}", q.rows, q.cols, k.rows, k.cols, v.rows, v.cols),
+                ));
+            }
+            let out = attention::causal(&q.data, &k.data, &v.data, k.rows, spec);
+            Ok(HostTensor::new(q.rows, q.cols, out))
+        })
+    }
+
+    fn mul_sigmoid(&self, x: &CpuTensor, gate: &CpuTensor) -> Result<CpuTensor> {
+        self.elementwise("mul_sigmoid", &[x, gate], |_, p| {
+            Self::same_shape("mul_sigmoid", p[0], p[1])?;
+            let data = p[0].data.iter().zip(&p[1].data).map(|(x, g)| x * sigmoid(*g)).collect();
+            Ok(HostTensor::new(p[0].rows, p[0].cols, data))
+        })
+    }
+
+    fn causal_conv1d_silu(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        carry: Option<&CpuTensor>,
+        kernel: usize,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        let keep = kernel.saturating_sub(1);
+        let pairs = self.per_device(|d| {
+            let xs = &x.shards[d];
+            let ch = xs.cols;
+            let wv = Self::vector("causal_conv1d_silu", w, d, ch * kernel)?;
+            let zeros = HostTensor::zeros(keep, ch);
+            let prev = carry.map(|c| &c.shards[d]).unwrap_or(&zeros);
+            if prev.rows != keep || prev.cols != ch {
+                return Err(shape(
+                    "causal_conv1d_silu",
+                    format!("carry {}x{} for {keep}x{ch}", prev.rows, prev.cols),
+                ));
+            }
+            // The input extended in time by the carried rows.
+            let ext = |t: usize| -> &[f32] {
+                if t < keep {
+                    prev.row(t)
+                } else {
+                    xs.row(t - keep)
+                }
+            };
+            let mut out = vec![0.0f32; xs.rows * ch];
+            for t in 0..xs.rows {
+                let o = &mut out[t * ch..(t + 1) * ch];
+                for j in 0..kernel {
+                    let src = ext(t + j);
+                    for (c, (oc, xc)) in o.iter_mut().zip(src).enumerate() {
+                        *oc += wv[c * kernel + j] * xc;
+                    }
+                }
+                o.iter_mut().for_each(|v| *v = silu(*v));
+            }
+            let total = keep + xs.rows;
+            let mut next = Vec::with_capacity(keep * ch);
+            for t in total - keep..total {
+                next.extend_from_slice(ext(t));
+            }
+            Ok((
+                HostTensor::new(xs.rows, ch, out),
+                HostTensor::new(keep, ch, next),
+            ))
+        })?;
+        let (outs, carries): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+        let placement = if x.placement == Placement::Replicated && self.devices() == 1 {
+            Placement::Replicated
+        } else {
+            Placement::Sharded
+        };
+        Ok((
+            CpuTensor {
+                placement,
+                shards: outs,
+            },
+            CpuTensor {
+                placement,
+                shards: carries,
+            },
+        ))
+    }
+
+    fn delta_gates(
+        &self,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        a_log: &CpuWeight,
+        dt_bias: &CpuWeight,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        let g = self.elementwise("delta_gates", &[a], |d, p| {
+            let nv = p[0].cols;
+            let alog = Self::vector("delta_gates", a_log, d, nv)?;
+            let bias = Self::vector("delta_gates", dt_bias, d, nv)?;
+            let mut out = p[0].clone();
+            for row in out.data.chunks_mut(nv) {
+                for (h, v) in row.iter_mut().enumerate() {
+                    *v = -alog[h].exp() * softplus(*v + bias[h]);
+                }
+            }
+            Ok(out)
+        })?;
+        let beta = self.elementwise("delta_gates", &[b], |_, p| {
+            let mut out = p[0].clone();
+            out.data.iter_mut().for_each(|v| *v = sigmoid(*v));
+            Ok(out)
+        })?;
+        Ok((g, beta))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &CpuTensor,
+        g: &CpuTensor,
+        beta: &CpuTensor,
+        state: Option<&CpuTensor>,
+        spec: &DeltaNetSpec,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        let pairs = self.per_device(|d| {
+            delta_rule_device(
+                &qkv.shards[d],
+                &g.shards[d],
+                &beta.shards[d],
+                state.map(|s| &s.shards[d]),
+                spec,
+            )
+        })?;
+        let (outs, states): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+        let placement = if self.devices() == 1 {
+            qkv.placement
+        } else {
+            Placement::Sharded
+        };
+        Ok((
+            CpuTensor {
+                placement,
+                shards: outs,
+            },
+            CpuTensor {
+                placement,
+                shards: states,
+            },
+        ))
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CpuTensor,
+        z: &CpuTensor,
+        w: &CpuWeight,
+        group: usize,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        self.elementwise("gated_rms_norm", &[x, z], |d, p| {
+            Self::same_shape("gated_rms_norm", p[0], p[1])?;
+            let w = Self::vector("gated_rms_norm", w, d, group)?;
+            if group == 0 || p[0].cols % group != 0 {
+                return Err(shape("gated_rms_norm", format!("{} columns in groups of {group}", p[0].cols)));
+            }
+            let mut out = p[0].clone();
+            for (g, zg) in out.data.chunks_mut(group).zip(p[1].data.chunks(group)) {
+                let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                for ((v, wv), zv) in g.iter_mut().zip(&w).zip(zg) {
+                    *v = wv * (*v * inv) * silu(*zv);
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// Columns `[half*d, (half+1)*d)` of every head's `2d` slice.
+fn pick_half(s: &HostTensor, heads: usize, d: usize, half: usize) -> Result<HostTensor> {
+    if s.cols != heads * 2 * d {
+        return Err(shape(
+            "split_query_gate",
+            format!("{} columns for {heads} heads of [query | gate] x {d}", s.cols),
+        ));
+    }
+    let mut data = Vec::with_capacity(s.rows * heads * d);
+    for r in 0..s.rows {
+        let row = s.row(r);
+        for h in 0..heads {
+            let at = h * 2 * d + half * d;
+            data.extend_from_slice(&row[at..at + d]);
+        }
+    }
+    Ok(HostTensor::new(s.rows, heads * d, data))
+}
+
+/// One device's delta rule: split q|k|v, L2-normalise, expand key heads, run every value head.
+fn delta_rule_device(
+    qkv: &HostTensor,
+    g: &HostTensor,
+    beta: &HostTensor,
+    state: Option<&HostTensor>,
+    spec: &DeltaNetSpec,
+) -> Result<(HostTensor, HostTensor)> {
+    let (nk, nv, dk, dv) = (spec.key_heads, spec.value_heads, spec.key_dim, spec.value_dim);
+    let t = qkv.rows;
+    if qkv.cols != spec.conv_channels()
+        || g.cols != nv
+        || beta.cols != nv
+        || g.rows != t
+        || beta.rows != t
+        || nk == 0
+        || nv % nk != 0
+    {
+        return Err(shape(
+            "gated_delta_rule",
+            format!("qkv {}x{}, g {}x{}, beta {}x{}", qkv.rows, qkv.cols, g.rows, g.cols, beta.rows, beta.cols),
+        ));
+    }
+    if let Some(s) = state {
+        if s.rows != nv * dk || s.cols != dv {
+            return Err(shape("gated_delta_rule", format!("state {}x{}", s.rows, s.cols)));
+        }
+    }
+    let ratio = nv / nk;
+    let q_scale = (dk as f32).powf(-0.5);
+    // Per key head, normalised q and k laid out [head][t][dk].
+    let norm_heads = |offset: usize, scale: f32| -> Vec<Vec<f32>> {
+        (0..nk)
+            .map(|h| {
+                let mut m = Vec::with_capacity(t * dk);
+                for r in 0..t {
+                    let x = &qkv.row(r)[offset + h * dk..offset + (h + 1) * dk];
+                    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+                    m.extend(x.iter().map(|v| v * inv * scale));
+                }
+                m
+            })
+            .collect()
+    };
+    let qs = norm_heads(0, q_scale);
+    let ks = norm_heads(nk * dk, 1.0);
+    let v_off = 2 * nk * dk;
+    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..nv)
+        .into_par_iter()
+        .map(|h| {
+            let kh = h / ratio;
+            let mut v = Vec::with_capacity(t * dv);
+            for r in 0..t {
+                v.extend_from_slice(&qkv.row(r)[v_off + h * dv..v_off + (h + 1) * dv]);
+            }
+            let gh: Vec<f32> = (0..t).map(|r| g.data[r * nv + h]).collect();
+            let bh: Vec<f32> = (0..t).map(|r| beta.data[r * nv + h]).collect();
+            let mut s = match state {
+                Some(s) => s.data[h * dk * dv..(h + 1) * dk * dv].to_vec(),
+                None => vec![0.0; dk * dv],
+            };
+            let mut o = vec![0.0; t * dv];
+            let inputs = delta_rule::HeadInputs {
+                q: &qs[kh],
+                k: &ks[kh],
+                v: &v,
+                g: &gh,
+                beta: &bh,
+                key_dim: dk,
+                value_dim: dv,
+            };
+            delta_rule::chunked(&inputs, &mut s, &mut o);
+            (o, s)
+        })
+        .collect();
+    let mut out = vec![0.0f32; t * nv * dv];
+    let mut next = Vec::with_capacity(nv * dk * dv);
+    for (h, (o, s)) in per_head.iter().enumerate() {
+        for r in 0..t {
+            out[r * nv * dv + h * dv..r * nv * dv + (h + 1) * dv]
+                .copy_from_slice(&o[r * dv..(r + 1) * dv]);
+        }
+        next.extend_from_slice(s);
+    }
+    Ok((
+        HostTensor::new(t, nv * dv, out),
+        HostTensor::new(nv * dk, dv, next),
+    ))
+}

@@ -1,0 +1,159 @@
+//! Host-side tensors: what goes onto the mesh and what comes back.
+
+use half::bf16;
+
+/// A dense row-major 2-D f32 matrix in host memory (rows are tokens for activations).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        debug_assert_eq!(rows * cols, data.len());
+        HostTensor { rows, cols, data }
+    }
+
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        HostTensor::new(rows, cols, vec![0.0; rows * cols])
+    }
+
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// How a weight matrix is held on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    Bf16,
+}
+
+impl WeightFormat {
+    pub fn name(&self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The elements of a host weight.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WeightData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+/// A weight matrix in the PyTorch layout `[out, in]` (a vector is `[n, 1]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostWeight {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: WeightData,
+}
+
+impl HostWeight {
+    pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        debug_assert_eq!(rows * cols, data.len());
+        HostWeight {
+            rows,
+            cols,
+            data: WeightData::F32(data),
+        }
+    }
+
+    pub fn bf16(rows: usize, cols: usize, data: Vec<bf16>) -> Self {
+        debug_assert_eq!(rows * cols, data.len());
+        HostWeight {
+            rows,
+            cols,
+            data: WeightData::Bf16(data),
+        }
+    }
+
+    /// Every element widened to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.data {
+            WeightData::F32(v) => v.clone(),
+            WeightData::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// The same values held in `format` (f32 -> bf16 rounds to nearest even).
+    pub fn into_format(self, format: WeightFormat) -> Self {
+        let data = match (self.data, format) {
+            (WeightData::F32(v), WeightFormat::Bf16) => {
+                WeightData::Bf16(v.into_iter().map(bf16::from_f32).collect())
+            }
+            (WeightData::Bf16(v), WeightFormat::F32) => {
+                WeightData::F32(v.into_iter().map(|x| x.to_f32()).collect())
+            }
+            (same, _) => same,
+        };
+        HostWeight {
+            rows: self.rows,
+            cols: self.cols,
+            data,
+        }
+    }
+
+    /// Rows `[start, end)` (output channels).
+    pub fn row_range(&self, start: usize, end: usize) -> HostWeight {
+        let (a, b) = (start * self.cols, end * self.cols);
+        let data = match &self.data {
+            WeightData::F32(v) => WeightData::F32(v[a..b].to_vec()),
+            WeightData::Bf16(v) => WeightData::Bf16(v[a..b].to_vec()),
+        };
+        HostWeight {
+            rows: end - start,
+            cols: self.cols,
+            data,
+        }
+    }
+
+    /// Columns `[start, end)` (input channels).
+    pub fn col_range(&self, start: usize, end: usize) -> HostWeight {
+        fn take<T: Copy>(v: &[T], cols: usize, start: usize, end: usize) -> Vec<T> {
+            v.chunks(cols).flat_map(|r| r[start..end].iter().copied()).collect()
+        }
+        let data = match &self.data {
+            WeightData::F32(v) => WeightData::F32(take(v, self.cols, start, end)),
+            WeightData::Bf16(v) => WeightData::Bf16(take(v, self.cols, start, end)),
+        };
+        HostWeight {
+            rows: self.rows,
+            cols: end - start,
+            data,
+        }
+    }
+
+    /// Stack weights with the same column count along the output dimension.
+    pub fn concat_rows(parts: &[HostWeight]) -> Option<HostWeight> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.cols != first.cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let all_bf16 = parts.iter().all(|p| matches!(p.data, WeightData::Bf16(_)));
+        let data = if all_bf16 {
+            let mut v = Vec::with_capacity(rows * first.cols);
+            for p in parts {
+                if let WeightData::Bf16(d) = &p.data {
+                    v.extend_from_slice(d);
+                }
+            }
+            WeightData::Bf16(v)
+        } else {
+            WeightData::F32(parts.iter().flat_map(|p| p.to_f32()).collect())
+        };
+        Some(HostWeight {
+            rows,
+            cols: first.cols,
+            data,
+        })
+    }
+}

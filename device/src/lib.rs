@@ -1,0 +1,22 @@
+//! `clef-device`: the device layer of clef-tt.
+//!
+//! A [`MeshShape`] names the devices a worker owns (1x1, 1x2, or a 1x2 submesh of a 1x4 parent).
+//! Activations live in mesh tensors (replicated, sharded per device, or per-device partial sums);
+//! weights are uploaded already split per device. The [`MeshOps`] trait lists the operations a
+//! Qwen3.5 prefill needs at the granularity of ttnn ops; the backbone is written once against it.
+//! [`cpu::CpuMesh`] is the reference backend: every shard is host memory, one rayon task per
+//! device, collectives are real reductions between shards.
+
+pub mod cpu;
+mod error;
+mod host;
+mod mesh;
+mod ops;
+
+pub use error::DeviceError;
+pub use host::{HostTensor, HostWeight, WeightData, WeightFormat};
+pub use mesh::MeshShape;
+pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, MeshOps, RopeSpec};
+
+/// Result type of the device layer.
+pub type Result<T> = std::result::Result<T, DeviceError>;

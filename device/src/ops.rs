@@ -1,0 +1,174 @@
+//! The op trait: everything a Qwen3.5 prefill asks of a mesh, at ttnn granularity.
+//!
+//! Placement rules every backend follows:
+//! - a *replicated* tensor holds the same `[rows, cols]` on every device;
+//! - a *sharded* tensor holds a different part per device (a column block of activations, or a
+//!   per-device state such as KV heads or DeltaNet value heads);
+//! - a *partial* tensor holds per-device partial sums that an [`MeshOps::all_reduce`] completes.
+//!
+//! Weights are uploaded already split per device ([`MeshOps::upload_weight`] takes one part per
+//! device); which split a weight gets is decided by the caller's tensor-parallel plan.
+
+use crate::{HostTensor, HostWeight, MeshShape, Result, WeightFormat};
+
+/// Which way per-device shards are joined when a sharded tensor is read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatherAxis {
+    Rows,
+    Cols,
+}
+
+/// Rotary embedding of one projection: partial, interleaved M-RoPE (rotate-half layout).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Heads per device in the tensor being rotated.
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Leading channels of each head that are rotated (`head_dim * partial_rotary_factor`).
+    pub rotary_dim: usize,
+    pub theta: f64,
+    /// Frequency slots per axis (t, h, w); slot j uses h if j%3==1 and j<3*s[1], w if j%3==2
+    /// and j<3*s[2], else t.
+    pub mrope_section: [usize; 3],
+}
+
+/// Per-device shape of a gated attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Per-device shape of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetSpec {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetSpec {
+    /// Channels of the fused q|k|v projection (the conv runs over all of them).
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+}
+
+/// The operations of a Qwen3.5 prefill over a mesh.
+pub trait MeshOps: Sync {
+    /// A tensor on the mesh (replicated, sharded or partial).
+    type Tensor: Clone + Send + Sync;
+    /// A weight already split per device.
+    type Weight: Send + Sync;
+
+    fn mesh(&self) -> MeshShape;
+
+    /// Upload the same host tensor to every device.
+    fn replicate(&self, host: &HostTensor) -> Result<Self::Tensor>;
+    /// Upload one host tensor per device.
+    fn shard(&self, parts: Vec<HostTensor>) -> Result<Self::Tensor>;
+    /// Read a tensor back: a replicated one from the first device, a sharded one joined along
+    /// `axis`, a partial one reduced.
+    fn gather(&self, t: &Self::Tensor, axis: GatherAxis) -> Result<HostTensor>;
+    /// Read each device's part back (for snapshots and tests).
+    fn device_parts(&self, t: &Self::Tensor) -> Result<Vec<HostTensor>>;
+    /// Bytes of device memory the tensor occupies on all devices together.
+    fn tensor_bytes(&self, t: &Self::Tensor) -> usize;
+
+    /// Upload a weight: one `[out, in]` part per device, held in `format`.
+    fn upload_weight(&self, parts: Vec<HostWeight>, format: WeightFormat) -> Result<Self::Weight>;
+    /// Bytes the weight occupies on all devices together.
+    fn weight_bytes(&self, w: &Self::Weight) -> usize;
+
+    /// `x · Wᵀ` per device. A replicated `x` against a column-split weight gives a sharded
+    /// result; a sharded `x` against a row-split weight gives partial sums.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+    /// Sum the per-device partial sums (f32) and replicate the result (reduce-scatter followed
+    /// by all-gather, as the Tenstorrent port does it).
+    fn all_reduce(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Split the columns of every device's part into consecutive blocks of the given widths.
+    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
+
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// RMSNorm over groups of `group` consecutive channels: `x / rms(x) * (1 + w)` when
+    /// `one_plus`, else `* w`. `w` is a `[group, 1]` weight, the same on every device.
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        group: usize,
+        eps: f32,
+        one_plus: bool,
+    ) -> Result<Self::Tensor>;
+    /// `silu(gate) * up` where each device part is `[gate | up]` in two equal halves.
+    fn swiglu(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Split per-head `[query(d) | gate(d)]` columns into a query tensor and a gate tensor.
+    fn split_query_gate(
+        &self,
+        qg: &Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    /// Rotate the leading `rotary_dim` channels of every head; `positions[t]` is (t, h, w).
+    fn rope(&self, x: &Self::Tensor, spec: &RopeSpec, positions: &[[u32; 3]])
+        -> Result<Self::Tensor>;
+    /// Append rows to a per-device cache (KV pages); `None` starts an empty cache.
+    fn append_rows(&self, cache: Option<&Self::Tensor>, new: &Self::Tensor)
+        -> Result<Self::Tensor>;
+    /// Causal softmax attention of the queries (absolute positions `start..start+T`) over the
+    /// cached keys and values (positions `0..start+T`), GQA, scale `head_dim^-0.5`, fp32.
+    fn causal_attention(
+        &self,
+        q: &Self::Tensor,
+        keys: &Self::Tensor,
+        values: &Self::Tensor,
+        spec: &AttentionSpec,
+    ) -> Result<Self::Tensor>;
+    /// `x * sigmoid(gate)` elementwise.
+    fn mul_sigmoid(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Causal depthwise conv over time plus SiLU. `w` is `[channels, kernel]` per device;
+    /// `carry` holds the last `kernel-1` inputs of the previous chunk (`None` = zeros). Returns
+    /// the output and the new carry.
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        carry: Option<&Self::Tensor>,
+        kernel: usize,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    /// DeltaNet gates: `beta = sigmoid(b)`, `g = -exp(A_log) * softplus(a + dt_bias)`, fp32.
+    /// `a_log` and `dt_bias` are `[value_heads, 1]` weights per device.
+    fn delta_gates(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        a_log: &Self::Weight,
+        dt_bias: &Self::Weight,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    /// The chunked gated delta rule (q/k L2-normalised inside, q scaled by `key_dim^-0.5`,
+    /// key heads shared by consecutive value heads). `qkv` is the conv output `[q | k | v]`;
+    /// `state` is `[value_heads * key_dim, value_dim]` per device (`None` = zeros). Returns the
+    /// core output `[T, value_heads * value_dim]` and the final state.
+    fn gated_delta_rule(
+        &self,
+        qkv: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        state: Option<&Self::Tensor>,
+        spec: &DeltaNetSpec,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    /// Gated RMSNorm per group: `w * x / rms(x) * silu(z)` (plain `w`).
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        z: &Self::Tensor,
+        w: &Self::Weight,
+        group: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+}

@@ -1,0 +1,486 @@
+//! The Qwen3.5 text prefill, written once against `clef-device`'s [`MeshOps`].
+//!
+//! `prefill` embeds the ids on the host, runs every decoder layer on the mesh (Gated DeltaNet
+//! or gated attention, then the SwiGLU MLP, residual adds in between) and returns the final
+//! RMS-normed hidden row of every token (spec/qwen35-backbone.md §2). It can start from the
+//! state of an earlier pass at position P (KV rows of the attention layers, conv carry and
+//! recurrent state of the DeltaNet layers) and returns the state at its end, so a prompt can be
+//! computed as a prefix pass and a tail pass.
+
+pub mod plan;
+mod weights;
+
+pub use plan::{Collective, Split, TpPlan};
+pub use weights::{device_parts, LoadError};
+
+use crate::checkpoint::{Checkpoint, LayerKind, TensorStore, TextConfig, TEXT_PREFIX};
+use clef_device::{
+    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
+    WeightFormat,
+};
+use std::sync::Arc;
+use weights::{LayerWeights, MixerWeights};
+
+/// Errors of a prefill.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefillError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("token id {id} at position {at} is outside the vocabulary of {vocab}")]
+    TokenId { id: u32, at: usize, vocab: usize },
+    #[error("{0}")]
+    State(String),
+}
+
+/// The per-layer state a prefill leaves behind, on the mesh.
+pub enum LayerState<T> {
+    /// Keys (after norm and RoPE) and values of every position so far, `[P, kv_heads*d]` per
+    /// device.
+    Attention { keys: T, values: T },
+    /// The last `kernel-1` pre-conv inputs `[kernel-1, channels]` and the recurrent state
+    /// `[value_heads*key_dim, value_dim]` per device.
+    DeltaNet { conv: T, recurrent: T },
+}
+
+/// Everything needed to continue a prompt at `position`.
+pub struct PrefillState<T> {
+    pub position: usize,
+    pub layers: Vec<LayerState<T>>,
+}
+
+/// One layer's state in Hugging Face's layout (devices joined), for checks and snapshots.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HfLayerState {
+    /// `[kv_heads, P, d]` each.
+    Attention { keys: Vec<f32>, values: Vec<f32> },
+    /// conv `[conv_dim, kernel-1]` (oldest first) and recurrent `[value_heads, dk, dv]`.
+    DeltaNet { conv: Vec<f32>, recurrent: Vec<f32> },
+}
+
+/// Receives named intermediate tensors in Hugging Face's layout (names as in the
+/// `tiny-qwen35` fixture, e.g. `layers.0.linear_attn.in_proj_qkv`).
+pub type Tracer<'a> = &'a mut dyn FnMut(&str, HostTensor);
+
+/// The text backbone placed on a mesh.
+pub struct Backbone<B: MeshOps> {
+    mesh: B,
+    config: TextConfig,
+    plan: TpPlan,
+    format: WeightFormat,
+    layers: Vec<LayerWeights<B::Weight>>,
+    final_norm: B::Weight,
+    embeddings: Arc<TensorStore>,
+}
+
+impl<B: MeshOps> Backbone<B> {
+    /// Place the checkpoint's text weights on `mesh` with matrices held in `format`.
+    pub fn load(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, LoadError> {
+        let config = ckpt.config.text.clone();
+        let plan = TpPlan::new(&config, mesh.mesh().devices())?;
+        let (layers, final_norm) = weights::load_layers(&mesh, &ckpt.tensors, &plan, format)?;
+        Ok(Backbone {
+            mesh,
+            config,
+            plan,
+            format,
+            layers,
+            final_norm,
+            embeddings: ckpt.tensors.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &TextConfig {
+        &self.config
+    }
+    pub fn plan(&self) -> &TpPlan {
+        &self.plan
+    }
+    pub fn mesh(&self) -> &B {
+        &self.mesh
+    }
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Bytes of weights placed on the mesh (all devices together).
+    pub fn weight_bytes(&self) -> usize {
+        let m = &self.mesh;
+        let mut total = m.weight_bytes(&self.final_norm);
+        for l in &self.layers {
+            total += m.weight_bytes(&l.input_norm)
+                + m.weight_bytes(&l.post_norm)
+                + m.weight_bytes(&l.gate_up)
+                + m.weight_bytes(&l.down);
+            total += match &l.mixer {
+                MixerWeights::Attention {
+                    qkv,
+                    q_norm,
+                    k_norm,
+                    o_proj,
+                } => {
+                    m.weight_bytes(qkv)
+                        + m.weight_bytes(q_norm)
+                        + m.weight_bytes(k_norm)
+                        + m.weight_bytes(o_proj)
+                }
+                MixerWeights::DeltaNet {
+                    in_proj,
+                    conv,
+                    a_log,
+                    dt_bias,
+                    norm,
+                    out_proj,
+                } => {
+                    m.weight_bytes(in_proj)
+                        + m.weight_bytes(conv)
+                        + m.weight_bytes(a_log)
+                        + m.weight_bytes(dt_bias)
+                        + m.weight_bytes(norm)
+                        + m.weight_bytes(out_proj)
+                }
+            };
+        }
+        total
+    }
+
+    /// Embedding rows of `ids` (read from the mapped checkpoint, widened to f32).
+    pub fn embed(&self, ids: &[u32]) -> Result<HostTensor, PrefillError> {
+        let h = self.config.hidden_size;
+        let vocab = self.config.vocab_size;
+        let name = format!("{TEXT_PREFIX}embed_tokens.weight");
+        let info = self
+            .embeddings
+            .info(&name)
+            .ok_or_else(|| PrefillError::State(format!("{name} is not loaded")))?;
+        let mut data = Vec::with_capacity(ids.len() * h);
+        for (at, &id) in ids.iter().enumerate() {
+            let row = id as usize;
+            if row >= vocab {
+                return Err(PrefillError::TokenId { id, at, vocab });
+            }
+            data.extend(self.embeddings.read_f32(info, row * h, (row + 1) * h));
+        }
+        Ok(HostTensor::new(ids.len(), h, data))
+    }
+
+    /// Text positions `start..start+len` on all three M-RoPE axes.
+    pub fn text_positions(start: usize, len: usize) -> Vec<[u32; 3]> {
+        (start..start + len).map(|p| [p as u32; 3]).collect()
+    }
+
+    /// Run the prefill of `ids` (text positions continuing from the state's position).
+    pub fn prefill(
+        &self,
+        ids: &[u32],
+        state: Option<&PrefillState<B::Tensor>>,
+    ) -> Result<(HostTensor, PrefillState<B::Tensor>), PrefillError> {
+        let start = state.map_or(0, |s| s.position);
+        let positions = Self::text_positions(start, ids.len());
+        let embedded = self.embed(ids)?;
+        self.prefill_embedded(&embedded, &positions, state, None)
+    }
+
+    /// Run the prefill from embedding rows with explicit M-RoPE positions, optionally
+    /// reporting intermediate tensors to `tracer`.
+    pub fn prefill_embedded(
+        &self,
+        embedded: &HostTensor,
+        positions: &[[u32; 3]],
+        state: Option<&PrefillState<B::Tensor>>,
+        mut tracer: Option<Tracer>,
+    ) -> Result<(HostTensor, PrefillState<B::Tensor>), PrefillError> {
+        let m = &self.mesh;
+        let cfg = &self.config;
+        let t = embedded.rows;
+        if positions.len() != t {
+            return Err(PrefillError::State(format!(
+                "{} positions for {t} tokens",
+                positions.len()
+            )));
+        }
+        if let Some(s) = state {
+            if s.layers.len() != self.layers.len() {
+                return Err(PrefillError::State(format!(
+                    "a state of {} layers for a model of {}",
+                    s.layers.len(),
+                    self.layers.len()
+                )));
+            }
+        }
+        let mut trace = |name: String, f: &dyn Fn() -> Result<HostTensor, DeviceError>| {
+            if let Some(tr) = tracer.as_mut() {
+                if let Ok(v) = f() {
+                    tr(&name, v);
+                }
+            }
+        };
+        let eps = cfg.rms_norm_eps;
+        let mut h = m.replicate(embedded)?;
+        let mut next_layers = Vec::with_capacity(self.layers.len());
+        for (i, lw) in self.layers.iter().enumerate() {
+            let prev = state.map(|s| &s.layers[i]);
+            let x = m.rms_norm(&h, &lw.input_norm, cfg.hidden_size, eps, true)?;
+            trace(format!("layers.{i}.input_layernorm"), &|| m.gather(&x, GatherAxis::Cols));
+            let (mixed, layer_state) = match &lw.mixer {
+                MixerWeights::Attention {
+                    qkv,
+                    q_norm,
+                    k_norm,
+                    o_proj,
+                } => {
+                    let cache = match prev {
+                        Some(LayerState::Attention { keys, values }) => Some((keys, values)),
+                        None => None,
+                        Some(_) => {
+                            return Err(PrefillError::State(format!(
+                                "layer {i}: a DeltaNet state for an attention layer"
+                            )))
+                        }
+                    };
+                    self.attention(i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, &mut trace)?
+                }
+                MixerWeights::DeltaNet {
+                    in_proj,
+                    conv,
+                    a_log,
+                    dt_bias,
+                    norm,
+                    out_proj,
+                } => {
+                    let carried = match prev {
+                        Some(LayerState::DeltaNet { conv, recurrent }) => Some((conv, recurrent)),
+                        None => None,
+                        Some(_) => {
+                            return Err(PrefillError::State(format!(
+                                "layer {i}: an attention state for a DeltaNet layer"
+                            )))
+                        }
+                    };
+                    self.delta_net(
+                        i, &x, in_proj, conv, a_log, dt_bias, norm, out_proj, carried, &mut trace,
+                    )?
+                }
+            };
+            h = m.add(&h, &mixed)?;
+            let x = m.rms_norm(&h, &lw.post_norm, cfg.hidden_size, eps, true)?;
+            trace(format!("layers.{i}.post_attention_layernorm"), &|| m.gather(&x, GatherAxis::Cols));
+            let gu = m.linear(&x, &lw.gate_up)?;
+            let act = m.swiglu(&gu)?;
+            let down = self.reduce(i, m.linear(&act, &lw.down)?)?;
+            trace(format!("layers.{i}.mlp"), &|| m.gather(&down, GatherAxis::Cols));
+            h = m.add(&h, &down)?;
+            trace(format!("layers.{i}.out"), &|| m.gather(&h, GatherAxis::Cols));
+            next_layers.push(layer_state);
+        }
+        let y = m.rms_norm(&h, &self.final_norm, cfg.hidden_size, eps, true)?;
+        let hidden = m.gather(&y, GatherAxis::Cols)?;
+        let position = state.map_or(0, |s| s.position) + t;
+        Ok((
+            hidden,
+            PrefillState {
+                position,
+                layers: next_layers,
+            },
+        ))
+    }
+
+    /// Complete layer `i`'s row-parallel output with the collective the plan names.
+    fn reduce(&self, i: usize, partial: B::Tensor) -> Result<B::Tensor, DeviceError> {
+        match self.plan.layers[i].reduce {
+            Collective::AllReduce => self.mesh.all_reduce(&partial),
+            Collective::None => Ok(partial),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        qkv: &B::Weight,
+        q_norm: &B::Weight,
+        k_norm: &B::Weight,
+        o_proj: &B::Weight,
+        cache: Option<(&B::Tensor, &B::Tensor)>,
+        positions: &[[u32; 3]],
+        trace: &mut dyn FnMut(String, &dyn Fn() -> Result<HostTensor, DeviceError>),
+    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+        let m = &self.mesh;
+        let cfg = &self.config;
+        let tp = self.plan.devices;
+        let d = cfg.head_dim;
+        let spec = AttentionSpec {
+            heads: cfg.num_attention_heads / tp,
+            kv_heads: cfg.num_key_value_heads / tp,
+            head_dim: d,
+        };
+        let p = format!("layers.{i}.self_attn");
+        let fused = m.linear(x, qkv)?;
+        let parts = m.split_cols(&fused, &[spec.heads * 2 * d, spec.kv_heads * d, spec.kv_heads * d])?;
+        let (qg, k, v) = (&parts[0], &parts[1], &parts[2]);
+        trace(format!("{p}.q_proj"), &|| m.gather(qg, GatherAxis::Cols));
+        trace(format!("{p}.k_proj"), &|| m.gather(k, GatherAxis::Cols));
+        trace(format!("{p}.v_proj"), &|| m.gather(v, GatherAxis::Cols));
+        let (q, gate) = m.split_query_gate(qg, spec.heads, d)?;
+        let q = m.rms_norm(&q, q_norm, d, cfg.rms_norm_eps, true)?;
+        let k = m.rms_norm(k, k_norm, d, cfg.rms_norm_eps, true)?;
+        trace(format!("{p}.q_norm"), &|| m.gather(&q, GatherAxis::Cols));
+        trace(format!("{p}.k_norm"), &|| m.gather(&k, GatherAxis::Cols));
+        let rope = |heads| RopeSpec {
+            heads,
+            head_dim: d,
+            rotary_dim: cfg.rotary_dim(),
+            theta: cfg.rope_theta,
+            mrope_section: cfg.mrope_section,
+        };
+        let q = m.rope(&q, &rope(spec.heads), positions)?;
+        let k = m.rope(&k, &rope(spec.kv_heads), positions)?;
+        let keys = m.append_rows(cache.map(|c| c.0), &k)?;
+        let values = m.append_rows(cache.map(|c| c.1), v)?;
+        let attn = m.causal_attention(&q, &keys, &values, &spec)?;
+        let gated = m.mul_sigmoid(&attn, &gate)?;
+        trace(format!("{p}.o_proj.in0"), &|| m.gather(&gated, GatherAxis::Cols));
+        let out = self.reduce(i, m.linear(&gated, o_proj)?)?;
+        trace(format!("{p}"), &|| m.gather(&out, GatherAxis::Cols));
+        Ok((out, LayerState::Attention { keys, values }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        in_proj: &B::Weight,
+        conv: &B::Weight,
+        a_log: &B::Weight,
+        dt_bias: &B::Weight,
+        norm: &B::Weight,
+        out_proj: &B::Weight,
+        carried: Option<(&B::Tensor, &B::Tensor)>,
+        trace: &mut dyn FnMut(String, &dyn Fn() -> Result<HostTensor, DeviceError>),
+    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+        let m = &self.mesh;
+        let spec = self.delta_spec();
+        let (kd, vd, nv) = (
+            spec.key_heads * spec.key_dim,
+            spec.value_heads * spec.value_dim,
+            spec.value_heads,
+        );
+        let p = format!("layers.{i}.linear_attn");
+        let fused = m.linear(x, in_proj)?;
+        let parts = m.split_cols(&fused, &[2 * kd + vd, vd, nv, nv])?;
+        let (qkv, z, b, a) = (&parts[0], &parts[1], &parts[2], &parts[3]);
+        trace(format!("{p}.in_proj_qkv"), &|| gather_segments(m, qkv, &[kd, kd, vd]));
+        trace(format!("{p}.in_proj_z"), &|| m.gather(z, GatherAxis::Cols));
+        trace(format!("{p}.in_proj_b"), &|| m.gather(b, GatherAxis::Cols));
+        trace(format!("{p}.in_proj_a"), &|| m.gather(a, GatherAxis::Cols));
+        let (conv_out, conv_carry) =
+            m.causal_conv1d_silu(qkv, conv, carried.map(|c| c.0), spec.conv_kernel)?;
+        let (g, beta) = m.delta_gates(a, b, a_log, dt_bias)?;
+        let (core, recurrent) =
+            m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
+        let dv = spec.value_dim;
+        trace(format!("{p}.norm.in0"), &|| per_head_rows(m.gather(&core, GatherAxis::Cols)?, dv));
+        trace(format!("{p}.norm.in1"), &|| per_head_rows(m.gather(z, GatherAxis::Cols)?, dv));
+        let normed = m.gated_rms_norm(&core, z, norm, dv, self.config.rms_norm_eps)?;
+        trace(format!("{p}.norm"), &|| per_head_rows(m.gather(&normed, GatherAxis::Cols)?, dv));
+        trace(format!("{p}.out_proj.in0"), &|| m.gather(&normed, GatherAxis::Cols));
+        let out = self.reduce(i, m.linear(&normed, out_proj)?)?;
+        trace(format!("{p}"), &|| m.gather(&out, GatherAxis::Cols));
+        Ok((
+            out,
+            LayerState::DeltaNet {
+                conv: conv_carry,
+                recurrent,
+            },
+        ))
+    }
+
+    /// The per-device DeltaNet shape under the plan.
+    fn delta_spec(&self) -> DeltaNetSpec {
+        let cfg = &self.config;
+        let tp = self.plan.devices;
+        DeltaNetSpec {
+            key_heads: cfg.linear_num_key_heads / tp,
+            value_heads: cfg.linear_num_value_heads / tp,
+            key_dim: cfg.linear_key_head_dim,
+            value_dim: cfg.linear_value_head_dim,
+            conv_kernel: cfg.linear_conv_kernel_dim,
+        }
+    }
+
+    /// A layer's state in Hugging Face's layout, devices joined.
+    pub fn export_state(&self, state: &LayerState<B::Tensor>) -> Result<HfLayerState, DeviceError> {
+        let m = &self.mesh;
+        match state {
+            LayerState::Attention { keys, values } => {
+                let d = self.config.head_dim;
+                let to_heads = |t: &B::Tensor| -> Result<Vec<f32>, DeviceError> {
+                    let all = m.gather(t, GatherAxis::Cols)?;
+                    let heads = all.cols / d;
+                    let mut out = Vec::with_capacity(all.data.len());
+                    for h in 0..heads {
+                        for r in 0..all.rows {
+                            out.extend_from_slice(&all.row(r)[h * d..(h + 1) * d]);
+                        }
+                    }
+                    Ok(out)
+                };
+                Ok(HfLayerState::Attention {
+                    keys: to_heads(keys)?,
+                    values: to_heads(values)?,
+                })
+            }
+            LayerState::DeltaNet { conv, recurrent } => {
+                let spec = self.delta_spec();
+                let kd = spec.key_heads * spec.key_dim;
+                let vd = spec.value_heads * spec.value_dim;
+                let joined = gather_segments(m, conv, &[kd, kd, vd])?;
+                // [kernel-1, channels] -> [channels, kernel-1]
+                let mut t = Vec::with_capacity(joined.data.len());
+                for c in 0..joined.cols {
+                    for r in 0..joined.rows {
+                        t.push(joined.data[r * joined.cols + c]);
+                    }
+                }
+                Ok(HfLayerState::DeltaNet {
+                    conv: t,
+                    recurrent: m.gather(recurrent, GatherAxis::Rows)?.data,
+                })
+            }
+        }
+    }
+
+    /// Which layers are attention layers (for callers that walk the state).
+    pub fn layer_kinds(&self) -> &[LayerKind] {
+        &self.config.layers
+    }
+}
+
+/// Join a sharded tensor whose device parts are `[seg0 | seg1 | ...]` (per-device widths)
+/// into Hugging Face's order `[seg0 of all devices | seg1 of all devices | ...]`.
+fn gather_segments<B: MeshOps>(
+    m: &B,
+    t: &B::Tensor,
+    widths: &[usize],
+) -> Result<HostTensor, DeviceError> {
+    let segs = m.split_cols(t, widths)?;
+    let gathered: Vec<HostTensor> = segs
+        .iter()
+        .map(|s| m.gather(s, GatherAxis::Cols))
+        .collect::<Result<_, _>>()?;
+    let rows = gathered[0].rows;
+    let cols: usize = gathered.iter().map(|g| g.cols).sum();
+    let mut data = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for g in &gathered {
+            data.extend_from_slice(g.row(r));
+        }
+    }
+    Ok(HostTensor::new(rows, cols, data))
+}
+
+/// `[T, heads*d]` viewed as `[T*heads, d]` (token-major, then head).
+fn per_head_rows(t: HostTensor, d: usize) -> Result<HostTensor, DeviceError> {
+    Ok(HostTensor::new(t.rows * t.cols / d, d, t.data))
+}

@@ -1,0 +1,219 @@
+//! The tensor-parallel plan as data: for every weight of the prefill, which checkpoint rows it
+//! is assembled from, how it is split over the devices of the mesh, and which collective
+//! follows the projections whose outputs are partial sums.
+//!
+//! It follows the Tenstorrent port (spec/tenstorrent.md §4): fused column-parallel projections
+//! (attention `[q|gate, k, v]`, DeltaNet `[q, k, v, z, b, a]`, MLP `[gate, up]`) assembled per
+//! device, row-parallel `o_proj` / `out_proj` / `down_proj` followed by a reduction in f32;
+//! each device owns whole KV heads and whole DeltaNet value heads, so nothing crosses devices
+//! inside attention or the delta rule.
+
+use crate::checkpoint::{LayerKind, TextConfig};
+
+/// How a weight is laid over the devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Every device holds the whole tensor.
+    Replicated,
+    /// Output channels: every part is cut into `devices` equal row blocks, and device `d`
+    /// holds the concatenation of the `d`-th block of each part.
+    Columns,
+    /// Input channels: device `d` holds the `d`-th block of columns (partial sums follow).
+    Rows,
+}
+
+/// A run of output rows of one checkpoint tensor (`[out, ...]`, trailing dims flattened).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub tensor: String,
+    pub rows: std::ops::Range<usize>,
+}
+
+/// One device weight of the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightPlan {
+    pub parts: Vec<Part>,
+    pub split: Split,
+    /// Matrices take the profile's weight format; vectors (norms, gates, conv taps) stay f32.
+    pub matrix: bool,
+}
+
+/// What completes a row-parallel projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    /// Nothing: a single device already holds the full sum.
+    None,
+    /// Reduce-scatter then all-gather of the f32 partial sums.
+    AllReduce,
+}
+
+/// The mixer half of a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MixerPlan {
+    Attention {
+        /// `[q|gate (per head), k, v]` per device.
+        qkv: WeightPlan,
+        q_norm: WeightPlan,
+        k_norm: WeightPlan,
+        o_proj: WeightPlan,
+    },
+    DeltaNet {
+        /// `[q, k, v, z, b, a]` per device.
+        in_proj: WeightPlan,
+        /// Conv taps `[channels, kernel]` in the device order of `[q, k, v]`.
+        conv: WeightPlan,
+        a_log: WeightPlan,
+        dt_bias: WeightPlan,
+        norm: WeightPlan,
+        out_proj: WeightPlan,
+    },
+}
+
+/// One decoder layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerPlan {
+    pub input_norm: WeightPlan,
+    pub mixer: MixerPlan,
+    pub post_norm: WeightPlan,
+    /// `[gate, up]` per device.
+    pub gate_up: WeightPlan,
+    pub down: WeightPlan,
+    /// After `o_proj` / `out_proj` and after `down_proj`.
+    pub reduce: Collective,
+}
+
+/// The whole plan for one mesh size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpPlan {
+    pub devices: usize,
+    pub layers: Vec<LayerPlan>,
+    pub final_norm: WeightPlan,
+}
+
+/// A plan that cannot be laid on this mesh.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot split the model over {devices} devices: {what}")]
+pub struct PlanError {
+    pub devices: usize,
+    pub what: String,
+}
+
+fn whole(tensor: String, rows: usize) -> Part {
+    Part { tensor, rows: 0..rows }
+}
+
+fn weight(parts: Vec<Part>, split: Split, matrix: bool) -> WeightPlan {
+    WeightPlan {
+        parts,
+        split,
+        matrix,
+    }
+}
+
+impl TpPlan {
+    /// The plan for `devices` devices (1 or 2 on a line mesh; any count that divides the
+    /// heads works).
+    pub fn new(cfg: &TextConfig, devices: usize) -> Result<Self, PlanError> {
+        let check = |n: usize, what: &str| {
+            if devices == 0 || n % devices != 0 {
+                Err(PlanError {
+                    devices,
+                    what: format!("{what} ({n}) is not a multiple of the device count"),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        check(cfg.intermediate_size, "intermediate_size")?;
+        if cfg.count(LayerKind::Attention) > 0 {
+            check(cfg.num_key_value_heads, "num_key_value_heads")?;
+            check(cfg.num_attention_heads, "num_attention_heads")?;
+        }
+        if cfg.count(LayerKind::DeltaNet) > 0 {
+            check(cfg.linear_num_key_heads, "linear_num_key_heads")?;
+            check(cfg.linear_num_value_heads, "linear_num_value_heads")?;
+        }
+        let h = cfg.hidden_size;
+        let reduce = if devices == 1 {
+            Collective::None
+        } else {
+            Collective::AllReduce
+        };
+        let vector = |name: String, n: usize| weight(vec![whole(name, n)], Split::Replicated, false);
+        let layers = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                let l = format!("layers.{i}");
+                let mixer = match kind {
+                    LayerKind::Attention => {
+                        let a = format!("{l}.self_attn");
+                        let (nh, nkv, d) =
+                            (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+                        MixerPlan::Attention {
+                            qkv: weight(
+                                vec![
+                                    whole(format!("{a}.q_proj.weight"), nh * 2 * d),
+                                    whole(format!("{a}.k_proj.weight"), nkv * d),
+                                    whole(format!("{a}.v_proj.weight"), nkv * d),
+                                ],
+                                Split::Columns,
+                                true,
+                            ),
+                            q_norm: vector(format!("{a}.q_norm.weight"), d),
+                            k_norm: vector(format!("{a}.k_norm.weight"), d),
+                            o_proj: weight(vec![whole(format!("{a}.o_proj.weight"), h)], Split::Rows, true),
+                        }
+                    }
+                    LayerKind::DeltaNet => {
+                        let a = format!("{l}.linear_attn");
+                        let (kd, vd, nv) = (cfg.key_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+                        let qkv = format!("{a}.in_proj_qkv.weight");
+                        let conv = format!("{a}.conv1d.weight");
+                        let segments = |t: &str| {
+                            vec![
+                                Part { tensor: t.to_string(), rows: 0..kd },
+                                Part { tensor: t.to_string(), rows: kd..2 * kd },
+                                Part { tensor: t.to_string(), rows: 2 * kd..2 * kd + vd },
+                            ]
+                        };
+                        let mut in_parts = segments(&qkv);
+                        in_parts.push(whole(format!("{a}.in_proj_z.weight"), vd));
+                        in_parts.push(whole(format!("{a}.in_proj_b.weight"), nv));
+                        in_parts.push(whole(format!("{a}.in_proj_a.weight"), nv));
+                        MixerPlan::DeltaNet {
+                            in_proj: weight(in_parts, Split::Columns, true),
+                            conv: weight(segments(&conv), Split::Columns, false),
+                            a_log: weight(vec![whole(format!("{a}.A_log"), nv)], Split::Columns, false),
+                            dt_bias: weight(vec![whole(format!("{a}.dt_bias"), nv)], Split::Columns, false),
+                            norm: vector(format!("{a}.norm.weight"), cfg.linear_value_head_dim),
+                            out_proj: weight(vec![whole(format!("{a}.out_proj.weight"), h)], Split::Rows, true),
+                        }
+                    }
+                };
+                let inter = cfg.intermediate_size;
+                LayerPlan {
+                    input_norm: vector(format!("{l}.input_layernorm.weight"), h),
+                    mixer,
+                    post_norm: vector(format!("{l}.post_attention_layernorm.weight"), h),
+                    gate_up: weight(
+                        vec![
+                            whole(format!("{l}.mlp.gate_proj.weight"), inter),
+                            whole(format!("{l}.mlp.up_proj.weight"), inter),
+                        ],
+                        Split::Columns,
+                        true,
+                    ),
+                    down: weight(vec![whole(format!("{l}.mlp.down_proj.weight"), h)], Split::Rows, true),
+                    reduce,
+                }
+            })
+            .collect();
+        Ok(TpPlan {
+            devices,
+            layers,
+            final_norm: vector("norm.weight".into(), h),
+        })
+    }
+}

@@ -1,0 +1,197 @@
+//! Placing the checkpoint's text weights on a mesh as the plan says: each device weight is
+//! assembled from row blocks of checkpoint tensors, then uploaded in the profile's format.
+
+use super::plan::{MixerPlan, Split, TpPlan, WeightPlan};
+use crate::checkpoint::{CheckpointError, StoredDtype, TensorStore, TEXT_PREFIX};
+use clef_device::{HostWeight, MeshOps, WeightFormat};
+
+/// Errors while placing weights.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Plan(#[from] super::plan::PlanError),
+    #[error("placing {tensor}: {source}")]
+    Device {
+        tensor: String,
+        source: clef_device::DeviceError,
+    },
+}
+
+/// A layer's weights on the mesh.
+pub struct LayerWeights<W> {
+    pub input_norm: W,
+    pub mixer: MixerWeights<W>,
+    pub post_norm: W,
+    pub gate_up: W,
+    pub down: W,
+}
+
+pub enum MixerWeights<W> {
+    Attention {
+        qkv: W,
+        q_norm: W,
+        k_norm: W,
+        o_proj: W,
+    },
+    DeltaNet {
+        in_proj: W,
+        conv: W,
+        a_log: W,
+        dt_bias: W,
+        norm: W,
+        out_proj: W,
+    },
+}
+
+/// Read rows `[start, end)` of a checkpoint tensor viewed as `[out, rest]`.
+fn read_rows(
+    store: &TensorStore,
+    name: &str,
+    start: usize,
+    end: usize,
+    matrix: bool,
+) -> Result<HostWeight, CheckpointError> {
+    let full = format!("{TEXT_PREFIX}{name}");
+    let info = store.info(&full).ok_or_else(|| CheckpointError::Tensor {
+        file: store
+            .files()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        tensor: full.clone(),
+        msg: "missing".into(),
+    })?;
+    let out = info.shape.first().copied().unwrap_or(1);
+    let cols = if info.shape.len() > 1 {
+        info.shape[1..].iter().product()
+    } else {
+        1
+    };
+    if end > out || start > end {
+        return Err(CheckpointError::Tensor {
+            file: store.file_path(info.file).display().to_string(),
+            tensor: full,
+            msg: format!("rows {start}..{end} requested from shape {:?}", info.shape),
+        });
+    }
+    let (a, b) = (start * cols, end * cols);
+    Ok(if matrix && info.dtype != StoredDtype::F32 {
+        HostWeight::bf16(end - start, cols, store.read_bf16(info, a, b))
+    } else {
+        HostWeight::f32(end - start, cols, store.read_f32(info, a, b))
+    })
+}
+
+/// The per-device parts of one planned weight.
+pub fn device_parts(
+    store: &TensorStore,
+    plan: &WeightPlan,
+    devices: usize,
+) -> Result<Vec<HostWeight>, CheckpointError> {
+    let bad = |tensor: &str, msg: String| CheckpointError::Tensor {
+        file: "(tensor-parallel plan)".into(),
+        tensor: format!("{TEXT_PREFIX}{tensor}"),
+        msg,
+    };
+    match plan.split {
+        Split::Replicated => {
+            let mut parts = Vec::new();
+            for p in &plan.parts {
+                parts.push(read_rows(store, &p.tensor, p.rows.start, p.rows.end, plan.matrix)?);
+            }
+            let w = HostWeight::concat_rows(&parts)
+                .ok_or_else(|| bad(&plan.parts[0].tensor, "parts of different widths".into()))?;
+            Ok(vec![w; devices])
+        }
+        Split::Columns => (0..devices)
+            .map(|d| {
+                let mut parts = Vec::new();
+                for p in &plan.parts {
+                    let len = p.rows.len();
+                    if len % devices != 0 {
+                        return Err(bad(&p.tensor, format!("{len} rows do not split over {devices} devices")));
+                    }
+                    let block = len / devices;
+                    let s = p.rows.start + d * block;
+                    parts.push(read_rows(store, &p.tensor, s, s + block, plan.matrix)?);
+                }
+                HostWeight::concat_rows(&parts)
+                    .ok_or_else(|| bad(&plan.parts[0].tensor, "parts of different widths".into()))
+            })
+            .collect(),
+        Split::Rows => {
+            let p = &plan.parts[0];
+            let w = read_rows(store, &p.tensor, p.rows.start, p.rows.end, plan.matrix)?;
+            if w.cols % devices != 0 {
+                return Err(bad(&p.tensor, format!("{} columns do not split over {devices} devices", w.cols)));
+            }
+            let block = w.cols / devices;
+            Ok((0..devices).map(|d| w.col_range(d * block, (d + 1) * block)).collect())
+        }
+    }
+}
+
+fn place<B: MeshOps>(
+    mesh: &B,
+    store: &TensorStore,
+    plan: &WeightPlan,
+    format: WeightFormat,
+) -> Result<B::Weight, LoadError> {
+    let parts = device_parts(store, plan, mesh.mesh().devices())?;
+    let format = if plan.matrix { format } else { WeightFormat::F32 };
+    mesh.upload_weight(parts, format).map_err(|source| LoadError::Device {
+        tensor: plan.parts[0].tensor.clone(),
+        source,
+    })
+}
+
+/// Place every layer's weights and the final norm.
+pub fn load_layers<B: MeshOps>(
+    mesh: &B,
+    store: &TensorStore,
+    plan: &TpPlan,
+    format: WeightFormat,
+) -> Result<(Vec<LayerWeights<B::Weight>>, B::Weight), LoadError> {
+    let p = |w: &WeightPlan| place(mesh, store, w, format);
+    let mut layers = Vec::with_capacity(plan.layers.len());
+    for l in &plan.layers {
+        let mixer = match &l.mixer {
+            MixerPlan::Attention {
+                qkv,
+                q_norm,
+                k_norm,
+                o_proj,
+            } => MixerWeights::Attention {
+                qkv: p(qkv)?,
+                q_norm: p(q_norm)?,
+                k_norm: p(k_norm)?,
+                o_proj: p(o_proj)?,
+            },
+            MixerPlan::DeltaNet {
+                in_proj,
+                conv,
+                a_log,
+                dt_bias,
+                norm,
+                out_proj,
+            } => MixerWeights::DeltaNet {
+                in_proj: p(in_proj)?,
+                conv: p(conv)?,
+                a_log: p(a_log)?,
+                dt_bias: p(dt_bias)?,
+                norm: p(norm)?,
+                out_proj: p(out_proj)?,
+            },
+        };
+        layers.push(LayerWeights {
+            input_norm: p(&l.input_norm)?,
+            mixer,
+            post_norm: p(&l.post_norm)?,
+            gate_up: p(&l.gate_up)?,
+            down: p(&l.down)?,
+        });
+    }
+    Ok((layers, p(&plan.final_norm)?))
+}

@@ -1,0 +1,230 @@
+//! Reading a Clef checkpoint: a Hugging Face snapshot directory as Cloudflare ships it.
+//!
+//! - `config.json` → [`ModelConfig`];
+//! - `model.safetensors` or shards + index → a memory-mapped [`TensorStore`]
+//!   (`model.language_model.*` for the backbone, `lm_head.weight` as a host [`RowTable`],
+//!   `model.visual.*` noted, `mtp.*` skipped);
+//! - `joint_head_config.json` + `joint_head.safetensors` → [`JointHeadFiles`];
+//! - `tokenizer.json` → a `tokenizers` tokenizer.
+//!
+//! A hub id (`Cloudflare/clef`) is resolved in the local Hugging Face cache; nothing is ever
+//! downloaded.
+
+mod config;
+mod head;
+mod hub;
+mod tensors;
+
+pub use config::{LayerKind, ModelConfig, TextConfig, VisionConfig};
+pub use head::{JointHeadConfig, JointHeadFiles};
+pub use hub::resolve_model_dir;
+pub use tensors::{StoredDtype, TensorInfo, TensorStore};
+
+use half::bf16;
+use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Prefix of the text model's tensors in a `Qwen3_5ForConditionalGeneration` checkpoint.
+pub const TEXT_PREFIX: &str = "model.language_model.";
+/// Prefix of the vision tower's tensors.
+pub const VISION_PREFIX: &str = "model.visual.";
+/// The LM head: a table of rows for the joint head's lexical option vectors.
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// Everything that can be wrong with a checkpoint; each names the file and what was expected.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("{file}: {msg}")]
+    Io { file: String, msg: String },
+    #[error("{file}: {msg}")]
+    Config { file: String, msg: String },
+    #[error("{file}: {msg}")]
+    File { file: String, msg: String },
+    #[error("{file}: tensor {tensor}: {msg}")]
+    Tensor {
+        file: String,
+        tensor: String,
+        msg: String,
+    },
+    #[error("model {model:?}: {msg}")]
+    Resolve { model: String, msg: String },
+    #[error("{file}: tokenizer: {msg}")]
+    Tokenizer { file: String, msg: String },
+}
+
+impl CheckpointError {
+    fn io(path: &Path, e: std::io::Error) -> Self {
+        CheckpointError::Io {
+            file: path.display().to_string(),
+            msg: e.to_string(),
+        }
+    }
+}
+
+/// The directory of the built-in default model: the tiny random-weight Clef fixture shipped in
+/// the repository (a demo model; its answers mean nothing). `CLEF_DEFAULT_MODEL` overrides it.
+pub fn default_model_dir() -> PathBuf {
+    match std::env::var_os("CLEF_DEFAULT_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/tiny-clef"
+        )),
+    }
+}
+
+/// A checkpoint opened from a snapshot directory.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    /// The model's tensors, shared with loaders that read rows on demand (embeddings).
+    pub tensors: Arc<TensorStore>,
+    /// The joint head (`None` for a bare backbone opened with [`Checkpoint::open_text`]).
+    pub head: Option<JointHeadFiles>,
+    pub tokenizer_path: PathBuf,
+}
+
+impl Checkpoint {
+    /// Open and check a snapshot directory: config, every text tensor with its shape, the
+    /// LM head, the joint head and the tokenizer file.
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        let mut ckpt = Self::open_text(dir)?;
+        ckpt.head = Some(JointHeadFiles::open(dir, ckpt.config.text.hidden_size)?);
+        if !ckpt.tokenizer_path.is_file() {
+            return Err(CheckpointError::Io {
+                file: ckpt.tokenizer_path.display().to_string(),
+                msg: "missing".into(),
+            });
+        }
+        Ok(ckpt)
+    }
+
+    /// Open only the backbone: config and text tensors (a bare Qwen3.5 checkpoint).
+    pub fn open_text(dir: &Path) -> Result<Self, CheckpointError> {
+        let config = ModelConfig::read(dir)?;
+        let tensors = TensorStore::open_model(dir)?;
+        check_text_tensors(&config.text, &tensors)?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            tensors: Arc::new(tensors),
+            head: None,
+            tokenizer_path: dir.join("tokenizer.json"),
+        })
+    }
+
+    /// Load the tokenizer (`tokenizer.json`, HF `tokenizers`).
+    pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer, CheckpointError> {
+        tokenizers::Tokenizer::from_file(&self.tokenizer_path).map_err(|e| {
+            CheckpointError::Tokenizer {
+                file: self.tokenizer_path.display().to_string(),
+                msg: e.to_string(),
+            }
+        })
+    }
+
+    /// The LM head as a row table read on demand from the mapped file.
+    pub fn lm_head(&self) -> Result<RowTable<'_>, CheckpointError> {
+        let t = &self.config.text;
+        let info = self.tensors.expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
+        Ok(RowTable {
+            store: &self.tensors,
+            info,
+            cols: t.hidden_size,
+        })
+    }
+
+    /// A text-model tensor by its name below `model.language_model.`.
+    pub fn text_tensor(&self, name: &str) -> Result<&TensorInfo, CheckpointError> {
+        let full = format!("{TEXT_PREFIX}{name}");
+        self.tensors
+            .info(&full)
+            .ok_or_else(|| CheckpointError::Tensor {
+                file: self.dir.display().to_string(),
+                tensor: full,
+                msg: "missing".into(),
+            })
+    }
+}
+
+/// Rows of a `[rows, cols]` matrix read on demand (the LM head never leaves the host).
+pub struct RowTable<'a> {
+    store: &'a TensorStore,
+    info: &'a TensorInfo,
+    cols: usize,
+}
+
+impl RowTable<'_> {
+    pub fn rows(&self) -> usize {
+        self.info.shape[0]
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Row `r` widened to f32, or `None` past the end.
+    pub fn row_f32(&self, r: usize) -> Option<Vec<f32>> {
+        (r < self.rows()).then(|| self.store.read_f32(self.info, r * self.cols, (r + 1) * self.cols))
+    }
+    /// Row `r` as bf16, or `None` past the end.
+    pub fn row_bf16(&self, r: usize) -> Option<Vec<bf16>> {
+        (r < self.rows())
+            .then(|| self.store.read_bf16(self.info, r * self.cols, (r + 1) * self.cols))
+    }
+}
+
+/// Every text tensor the backbone needs, with the shape the config implies.
+pub fn expected_text_tensors(t: &TextConfig) -> Vec<(String, Vec<usize>)> {
+    let h = t.hidden_size;
+    let mut out = vec![
+        ("embed_tokens.weight".to_string(), vec![t.vocab_size, h]),
+        ("norm.weight".to_string(), vec![h]),
+    ];
+    for (i, kind) in t.layers.iter().enumerate() {
+        let l = format!("layers.{i}");
+        out.push((format!("{l}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{l}.post_attention_layernorm.weight"), vec![h]));
+        out.push((format!("{l}.mlp.gate_proj.weight"), vec![t.intermediate_size, h]));
+        out.push((format!("{l}.mlp.up_proj.weight"), vec![t.intermediate_size, h]));
+        out.push((format!("{l}.mlp.down_proj.weight"), vec![h, t.intermediate_size]));
+        match kind {
+            LayerKind::DeltaNet => {
+                let nv = t.linear_num_value_heads;
+                let a = format!("{l}.linear_attn");
+                out.push((format!("{a}.in_proj_qkv.weight"), vec![t.conv_dim(), h]));
+                out.push((format!("{a}.in_proj_z.weight"), vec![t.value_dim(), h]));
+                out.push((format!("{a}.in_proj_b.weight"), vec![nv, h]));
+                out.push((format!("{a}.in_proj_a.weight"), vec![nv, h]));
+                out.push((
+                    format!("{a}.conv1d.weight"),
+                    vec![t.conv_dim(), 1, t.linear_conv_kernel_dim],
+                ));
+                out.push((format!("{a}.dt_bias"), vec![nv]));
+                out.push((format!("{a}.A_log"), vec![nv]));
+                out.push((format!("{a}.norm.weight"), vec![t.linear_value_head_dim]));
+                out.push((format!("{a}.out_proj.weight"), vec![h, t.value_dim()]));
+            }
+            LayerKind::Attention => {
+                let d = t.head_dim;
+                let a = format!("{l}.self_attn");
+                out.push((format!("{a}.q_proj.weight"), vec![t.num_attention_heads * 2 * d, h]));
+                out.push((format!("{a}.k_proj.weight"), vec![t.num_key_value_heads * d, h]));
+                out.push((format!("{a}.v_proj.weight"), vec![t.num_key_value_heads * d, h]));
+                out.push((format!("{a}.o_proj.weight"), vec![h, t.num_attention_heads * d]));
+                out.push((format!("{a}.q_norm.weight"), vec![d]));
+                out.push((format!("{a}.k_norm.weight"), vec![d]));
+            }
+        }
+    }
+    out
+}
+
+fn check_text_tensors(t: &TextConfig, store: &TensorStore) -> Result<(), CheckpointError> {
+    for (name, shape) in expected_text_tensors(t) {
+        store.expect(&format!("{TEXT_PREFIX}{name}"), &shape)?;
+    }
+    if !t.tie_word_embeddings {
+        store.expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! Helpers shared by the integration tests: fixture paths and f32 tensors from safetensors.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Every tensor of a safetensors file, as (shape, f32 values) — i64 tensors are widened too.
+pub fn read_tensors(path: &std::path::Path) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let data: Vec<f32> = match view.dtype() {
+                safetensors::Dtype::F32 => view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                safetensors::Dtype::I64 => view
+                    .data()
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                    .collect(),
+                other => panic!("{name}: unexpected dtype {other:?}"),
+            };
+            (name, (view.shape().to_vec(), data))
+        })
+        .collect()
+}
+
+/// Largest `|got - want| / rms(want row)` over rows of `cols` values.
+pub fn max_rel_row_error(got: &[f32], want: &[f32], cols: usize) -> f32 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    got.chunks(cols)
+        .zip(want.chunks(cols))
+        .map(|(g, w)| {
+            let rms = (w.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt().max(1e-12);
+            g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max) / rms
+        })
+        .fold(0.0f32, f32::max)
+}
