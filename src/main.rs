@@ -1,1 +1,129 @@
-fn main() {}
+//! The clef-tt command line: `inspect` a checkpoint, `make-random` a benchmark checkpoint,
+//! `bench prefill`. (The server and `decide` arrive with the encoder and head.)
+
+mod cli;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use clef_device::{MeshShape, WeightFormat};
+use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
+use clef_tt::random::{make_random, Shape};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "clef-tt", version, about = "Cloudflare Clef decision models on Tenstorrent and CPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a checkpoint's configuration, tensor groups, head and tokenizer; exit non-zero on
+    /// any inconsistency.
+    Inspect {
+        /// Snapshot directory or hub id in the local Hugging Face cache (default: the built-in
+        /// tiny demo model).
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// Revision of a hub id.
+        #[arg(long, env = "CLEF_REVISION")]
+        revision: Option<String>,
+    },
+    /// Write a complete random-weight checkpoint for benchmarks.
+    MakeRandom {
+        #[arg(long, value_enum, default_value = "0.8b")]
+        shape: Shape,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 20261129)]
+        seed: u64,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill tokens/s for each weight format, mesh and length.
+    Prefill {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// Prompt lengths in tokens.
+        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+        tokens: Vec<usize>,
+        /// Weight formats (f32, bf16).
+        #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+        weights: Vec<String>,
+        /// Mesh shapes.
+        #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
+        mesh: Vec<String>,
+        /// Timed runs per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+}
+
+fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpoint> {
+    let dir = match model {
+        Some(m) => resolve_model_dir(&m, revision)?,
+        None => default_model_dir(),
+    };
+    Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Inspect { model, revision } => {
+            let ckpt = open(model, revision.as_deref())?;
+            let (text, problems) = cli::inspect::report(&ckpt)?;
+            print!("{text}");
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("inconsistent: {p}");
+                }
+                bail!("{} inconsistencies", problems.len());
+            }
+            println!("ok");
+        }
+        Command::MakeRandom { shape, out, seed } => {
+            make_random(shape, &out, seed, &default_model_dir())?;
+            let ckpt = Checkpoint::open(&out)?;
+            eprintln!(
+                "wrote {} ({} text tensors)",
+                out.display(),
+                ckpt.tensors.iter().count()
+            );
+        }
+        Command::Bench { what } => match what {
+            BenchCommand::Prefill {
+                model,
+                tokens,
+                weights,
+                mesh,
+                repeat,
+            } => {
+                let ckpt = open(model, None)?;
+                let formats = weights
+                    .iter()
+                    .map(|w| match w.as_str() {
+                        "f32" => Ok(WeightFormat::F32),
+                        "bf16" => Ok(WeightFormat::Bf16),
+                        other => bail!("unknown weight format {other:?} (f32, bf16)"),
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let meshes = mesh
+                    .iter()
+                    .map(|m| m.parse::<MeshShape>())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat)?;
+                print!("{}", cli::bench::table(&rows));
+            }
+        },
+    }
+    Ok(())
+}

@@ -41,6 +41,15 @@ impl WeightFormat {
     }
 }
 
+/// What a weight is used for, which decides how a backend stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightKind {
+    /// The right-hand side of a `linear` (packed in tiles or panels, in the profile's format).
+    Matrix,
+    /// Per-channel values read elementwise (norm weights, gates, conv taps); always f32.
+    Vector,
+}
+
 /// The elements of a host weight.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WeightData {

@@ -14,7 +14,7 @@ mod mesh;
 mod ops;
 
 pub use error::DeviceError;
-pub use host::{HostTensor, HostWeight, WeightData, WeightFormat};
+pub use host::{HostTensor, HostWeight, WeightData, WeightFormat, WeightKind};
 pub use mesh::MeshShape;
 pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, MeshOps, RopeSpec};
 

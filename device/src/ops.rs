@@ -9,7 +9,7 @@
 //! Weights are uploaded already split per device ([`MeshOps::upload_weight`] takes one part per
 //! device); which split a weight gets is decided by the caller's tensor-parallel plan.
 
-use crate::{HostTensor, HostWeight, MeshShape, Result, WeightFormat};
+use crate::{HostTensor, HostWeight, MeshShape, Result, WeightFormat, WeightKind};
 
 /// Which way per-device shards are joined when a sharded tensor is read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,8 +78,14 @@ pub trait MeshOps: Sync {
     /// Bytes of device memory the tensor occupies on all devices together.
     fn tensor_bytes(&self, t: &Self::Tensor) -> usize;
 
-    /// Upload a weight: one `[out, in]` part per device, held in `format`.
-    fn upload_weight(&self, parts: Vec<HostWeight>, format: WeightFormat) -> Result<Self::Weight>;
+    /// Upload a weight: one `[out, in]` part per device. A matrix is held in `format`; a
+    /// vector in f32.
+    fn upload_weight(
+        &self,
+        parts: Vec<HostWeight>,
+        format: WeightFormat,
+        kind: WeightKind,
+    ) -> Result<Self::Weight>;
     /// Bytes the weight occupies on all devices together.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
 

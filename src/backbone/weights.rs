@@ -3,7 +3,7 @@
 
 use super::plan::{MixerPlan, Split, TpPlan, WeightPlan};
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorStore, TEXT_PREFIX};
-use clef_device::{HostWeight, MeshOps, WeightFormat};
+use clef_device::{HostWeight, MeshOps, WeightFormat, WeightKind};
 
 /// Errors while placing weights.
 #[derive(Debug, thiserror::Error)]
@@ -140,8 +140,12 @@ fn place<B: MeshOps>(
     format: WeightFormat,
 ) -> Result<B::Weight, LoadError> {
     let parts = device_parts(store, plan, mesh.mesh().devices())?;
-    let format = if plan.matrix { format } else { WeightFormat::F32 };
-    mesh.upload_weight(parts, format).map_err(|source| LoadError::Device {
+    let kind = if plan.matrix {
+        WeightKind::Matrix
+    } else {
+        WeightKind::Vector
+    };
+    mesh.upload_weight(parts, format, kind).map_err(|source| LoadError::Device {
         tensor: plan.parts[0].tensor.clone(),
         source,
     })

@@ -7,6 +7,16 @@ use std::path::{Path, PathBuf};
 /// A directory as is; otherwise `org/name` looked up in the cache at `revision` (a commit hash
 /// or a ref such as `main`; `CLEF_REVISION` when `None`, else `main`).
 pub fn resolve_model_dir(model: &str, revision: Option<&str>) -> Result<PathBuf, CheckpointError> {
+    let env_rev = std::env::var("CLEF_REVISION").ok();
+    resolve_in_cache(model, revision.or(env_rev.as_deref()), &hub_cache_dir())
+}
+
+/// [`resolve_model_dir`] against an explicit hub cache directory (`revision` `None` = `main`).
+pub fn resolve_in_cache(
+    model: &str,
+    revision: Option<&str>,
+    cache: &Path,
+) -> Result<PathBuf, CheckpointError> {
     let as_path = Path::new(model);
     if as_path.is_dir() {
         return Ok(as_path.to_path_buf());
@@ -21,12 +31,8 @@ pub fn resolve_model_dir(model: &str, revision: Option<&str>) -> Result<PathBuf,
     if org.is_empty() || name.is_empty() || name.contains('/') || model.starts_with('.') {
         return Err(err("not a directory and not a hub id of the form org/name".into()));
     }
-    let env_rev = std::env::var("CLEF_REVISION").ok();
-    let revision = revision
-        .map(str::to_string)
-        .or(env_rev)
-        .unwrap_or_else(|| "main".to_string());
-    let repo = hub_cache_dir().join(format!("models--{org}--{name}"));
+    let revision = revision.unwrap_or("main").to_string();
+    let repo = cache.join(format!("models--{org}--{name}"));
     if !repo.is_dir() {
         return Err(err(format!(
             "not a directory, and not in the local Hugging Face cache ({} is missing); \

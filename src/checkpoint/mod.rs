@@ -17,7 +17,7 @@ mod tensors;
 
 pub use config::{LayerKind, ModelConfig, TextConfig, VisionConfig};
 pub use head::{JointHeadConfig, JointHeadFiles};
-pub use hub::resolve_model_dir;
+pub use hub::{resolve_in_cache, resolve_model_dir};
 pub use tensors::{StoredDtype, TensorInfo, TensorStore};
 
 use half::bf16;

@@ -59,6 +59,8 @@ impl TensorInfo {
 pub struct TensorStore {
     files: Vec<(PathBuf, Mmap)>,
     tensors: BTreeMap<String, TensorInfo>,
+    /// `mtp.*` tensors present in the files and skipped (multi-token prediction is unused).
+    skipped: usize,
 }
 
 impl TensorStore {
@@ -125,6 +127,7 @@ impl TensorStore {
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
+        let mut skipped = 0;
         for (i, path) in paths.iter().enumerate() {
             let file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
             // SAFETY: the mapping is read-only; a checkpoint changed under a running server is
@@ -140,6 +143,7 @@ impl TensorStore {
             let data_len = mmap.len() - data_start.min(mmap.len());
             for (name, info) in meta.tensors() {
                 if name.starts_with("mtp.") {
+                    skipped += 1;
                     continue;
                 }
                 let dtype = match info.dtype {
@@ -191,7 +195,16 @@ impl TensorStore {
             }
             files.push((path.clone(), mmap));
         }
-        Ok(TensorStore { files, tensors })
+        Ok(TensorStore {
+            files,
+            tensors,
+            skipped,
+        })
+    }
+
+    /// How many `mtp.*` tensors were skipped.
+    pub fn skipped(&self) -> usize {
+        self.skipped
     }
 
     pub fn names(&self) -> impl Iterator<Item = &String> {

@@ -1,67 +1,323 @@
 //! The CPU matmul seam: `y = x · Wᵀ` with f32 activations and f32 or bf16 weights.
 //!
-//! One function decides how every projection of the prefill runs on the CPU, so another kernel
-//! can be swapped in and measured here alone. The weight is cut into blocks of output channels;
-//! each block (widened to f32 when the weight is bf16, so the full weight is never copied) is
-//! multiplied by `gemm`'s packed f32 kernel on its own rayon task.
+//! Weights are packed once, at upload, into panels of [`PANEL`] output channels laid out
+//! `[in, PANEL]` (the `[K, N]` orientation the Tenstorrent port packs too), kept in their own
+//! format: a bf16 weight is never widened in memory, each panel row is widened in registers.
+//! On CPUs with AVX-512 a register-blocked kernel (12 tokens x 32 outputs, 24 accumulators)
+//! runs over blocks of [`KC`] input channels; elsewhere `gemm` multiplies panel by panel.
+//! Work is split over rayon tasks by groups of panels, so both cores share every projection.
 
-use crate::{HostWeight, WeightData};
+use crate::{HostWeight, WeightData, WeightFormat};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-/// Output channels per block: small enough to spread over both cores and stay in L2 when
-/// widened, large enough that re-packing `x` per block costs little.
-const BLOCK_OUT: usize = 128;
+/// Output channels per panel (two AVX-512 vectors of f32).
+pub const PANEL: usize = 32;
+/// Tokens per register tile.
+const MR: usize = 12;
+/// Input channels per cache block.
+const KC: usize = 512;
+/// Panels per rayon task.
+const PANELS_PER_TASK: usize = 2;
 
-/// `y[rows, w.rows] = x[rows, w.cols] · wᵀ`. The caller checks the shapes.
-pub fn linear(x: &[f32], rows: usize, w: &HostWeight) -> Vec<f32> {
-    let (n, k) = (w.rows, w.cols);
-    let mut y = vec![0.0f32; rows * n];
-    if rows == 0 || n == 0 {
-        return y;
-    }
-    let blocks: Vec<(usize, usize)> = (0..n)
-        .step_by(BLOCK_OUT)
-        .map(|s| (s, (s + BLOCK_OUT).min(n)))
-        .collect();
-    let y_ptr = SendPtr(y.as_mut_ptr());
-    blocks.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, &(n0, n1)| {
-        let w_block: &[f32] = match &w.data {
-            WeightData::F32(v) => &v[n0 * k..n1 * k],
-            WeightData::Bf16(v) => {
-                scratch.clear();
-                scratch.extend(v[n0 * k..n1 * k].iter().map(|b| b.to_f32()));
-                scratch
+/// Panel storage.
+#[derive(Clone, Debug, PartialEq)]
+enum PanelData {
+    F32(Vec<f32>),
+    /// bf16 bit patterns.
+    Bf16(Vec<u16>),
+}
+
+/// A weight `[n, k]` packed as `ceil(n/PANEL)` panels of `[k, PANEL]` (zero-padded columns).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedWeight {
+    pub n: usize,
+    pub k: usize,
+    data: PanelData,
+}
+
+impl PackedWeight {
+    /// Pack a `[out, in]` weight, converting to `format` (f32 → bf16 rounds to nearest even).
+    pub fn pack(w: &HostWeight, format: WeightFormat) -> Self {
+        let (n, k) = (w.rows, w.cols);
+        let panels = n.div_ceil(PANEL);
+        let len = panels * k * PANEL;
+        let at = |p: usize, kk: usize, j: usize| (p * k + kk) * PANEL + j;
+        let data = match format {
+            WeightFormat::F32 => {
+                let src = w.to_f32();
+                let mut d = vec![0.0f32; len];
+                for row in 0..n {
+                    let (p, j) = (row / PANEL, row % PANEL);
+                    for kk in 0..k {
+                        d[at(p, kk, j)] = src[row * k + kk];
+                    }
+                }
+                PanelData::F32(d)
+            }
+            WeightFormat::Bf16 => {
+                let bits: Vec<u16> = match &w.data {
+                    WeightData::Bf16(v) => v.iter().map(|b| b.to_bits()).collect(),
+                    WeightData::F32(v) => v.iter().map(|&f| half::bf16::from_f32(f).to_bits()).collect(),
+                };
+                let mut d = vec![0u16; len];
+                for row in 0..n {
+                    let (p, j) = (row / PANEL, row % PANEL);
+                    for kk in 0..k {
+                        d[at(p, kk, j)] = bits[row * k + kk];
+                    }
+                }
+                PanelData::Bf16(d)
             }
         };
-        // SAFETY: blocks write disjoint column ranges [n0, n1) of `y`; every pointer and
-        // stride below stays inside `x` ([rows, k]), `w_block` ([n1-n0, k]) and `y` ([rows, n]).
+        PackedWeight { n, k, data }
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        match self.data {
+            PanelData::F32(_) => WeightFormat::F32,
+            PanelData::Bf16(_) => WeightFormat::Bf16,
+        }
+    }
+
+    /// Bytes held (padding included).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            PanelData::F32(v) => v.len() * 4,
+            PanelData::Bf16(v) => v.len() * 2,
+        }
+    }
+
+    fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+}
+
+/// `y[rows, w.n] = x[rows, w.k] · wᵀ`. The caller checks the shapes.
+pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
+    let mut y = vec![0.0f32; rows * w.n];
+    if rows == 0 || w.n == 0 {
+        return y;
+    }
+    let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
+    let out = SendPtr(y.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let fast = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    groups.par_iter().for_each(|&first| {
+        let last = (first + PANELS_PER_TASK).min(w.panels());
+        let out = out;
+        // SAFETY: each task writes only the columns of its own panels; `x` is `[rows, k]` and
+        // `y` is `[rows, n]` (checked by the caller), panel offsets stay inside the packing.
         unsafe {
-            let y_ptr = y_ptr;
-            gemm(
-                rows,
-                n1 - n0,
-                k,
-                y_ptr.0.add(n0),
-                1,
-                n as isize,
-                false,
-                x.as_ptr(),
-                1,
-                k as isize,
-                w_block.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
+            #[cfg(target_arch = "x86_64")]
+            if fast {
+                avx512::panels(x, rows, w, first, last, out.0);
+                return;
+            }
+            let _ = fast;
+            portable_panels(x, rows, w, first, last, out.0);
         }
     });
     y
+}
+
+/// Panels `[first, last)` with `gemm` (any CPU).
+unsafe fn portable_panels(x: &[f32], rows: usize, w: &PackedWeight, first: usize, last: usize, y: *mut f32) {
+    let (n, k) = (w.n, w.k);
+    let mut scratch = vec![0.0f32; k * PANEL];
+    for p in first..last {
+        let panel: &[f32] = match &w.data {
+            PanelData::F32(d) => &d[p * k * PANEL..(p + 1) * k * PANEL],
+            PanelData::Bf16(d) => {
+                for (s, b) in scratch.iter_mut().zip(&d[p * k * PANEL..(p + 1) * k * PANEL]) {
+                    *s = f32::from_bits((*b as u32) << 16);
+                }
+                &scratch
+            }
+        };
+        let cols = PANEL.min(n - p * PANEL);
+        gemm(
+            rows,
+            cols,
+            k,
+            y.add(p * PANEL),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            panel.as_ptr(),
+            1,
+            PANEL as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{PackedWeight, PanelData, KC, MR, PANEL};
+    use std::arch::x86_64::*;
+
+    /// Panels `[first, last)`: for each block of `KC` input channels, every panel, every tile
+    /// of `MR` tokens.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn panels(x: &[f32], rows: usize, w: &PackedWeight, first: usize, last: usize, y: *mut f32) {
+        let (n, k) = (w.n, w.k);
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = KC.min(k - k0);
+            for p in first..last {
+                let cols = PANEL.min(n - p * PANEL);
+                let mut r0 = 0;
+                while r0 < rows {
+                    let m = MR.min(rows - r0);
+                    let a = x.as_ptr().add(r0 * k + k0);
+                    let c = y.add(r0 * n + p * PANEL);
+                    let acc = k0 > 0;
+                    let t = Tile { a, a_rs: k, a_cs: 1, ldb: PANEL, kc, c, ldc: n, cols, accumulate: acc };
+                    match &w.data {
+                        PanelData::F32(d) => dispatch::<false>(m, &t, d.as_ptr().add((p * k + k0) * PANEL) as *const u8),
+                        PanelData::Bf16(d) => dispatch::<true>(m, &t, d.as_ptr().add((p * k + k0) * PANEL) as *const u8),
+                    }
+                    r0 += m;
+                }
+            }
+            k0 += kc;
+        }
+    }
+
+    /// `c[m, n] (+)= a[m, k] · b[k, n]` with any strides for `a` and unit column stride for
+    /// `b` (row stride `ldb`); `c` is dense `[m, n]`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn small(
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        accumulate: bool,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+    ) {
+        let mut j0 = 0;
+        while j0 < n {
+            let cols = PANEL.min(n - j0);
+            let mut k0 = 0;
+            while k0 < k {
+                let kc = KC.min(k - k0);
+                let mut r0 = 0;
+                while r0 < m {
+                    let rows = MR.min(m - r0);
+                    let t = Tile {
+                        a: a.add(r0 * a_rs + k0 * a_cs),
+                        a_rs,
+                        a_cs,
+                        ldb,
+                        kc,
+                        c: c.add(r0 * n + j0),
+                        ldc: n,
+                        cols,
+                        accumulate: accumulate || k0 > 0,
+                    };
+                    dispatch::<false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
+                    r0 += rows;
+                }
+                k0 += kc;
+            }
+            j0 += cols;
+        }
+    }
+
+    /// One register tile's operands.
+    struct Tile {
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        /// Row stride of `b` in elements.
+        ldb: usize,
+        kc: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dispatch<const BF16: bool>(m: usize, t: &Tile, b: *const u8) {
+        macro_rules! go {
+            ($($m:literal)*) => {
+                match m {
+                    $($m => tile::<$m, BF16>(t, b),)*
+                    _ => {}
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12);
+    }
+
+    fn masks(cols: usize) -> (__mmask16, __mmask16) {
+        let lo = if cols >= 16 { 0xffff } else { ((1u32 << cols) - 1) as __mmask16 };
+        let hi = if cols >= 32 {
+            0xffff
+        } else if cols <= 16 {
+            0
+        } else {
+            ((1u32 << (cols - 16)) - 1) as __mmask16
+        };
+        (lo, hi)
+    }
+
+    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile<const M: usize, const BF16: bool>(t: &Tile, b: *const u8) {
+        let mut lo = [_mm512_setzero_ps(); M];
+        let mut hi = [_mm512_setzero_ps(); M];
+        let (mask_lo, mask_hi) = masks(t.cols);
+        for kk in 0..t.kc {
+            let (b0, b1) = if BF16 {
+                // bf16 panels are padded to 32 columns: whole loads are in bounds.
+                let raw = _mm512_loadu_si512(b.add(kk * t.ldb * 2) as *const __m512i);
+                let l = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw));
+                let h = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(raw));
+                (
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(l)),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
+                )
+            } else {
+                let p = b.add(kk * t.ldb * 4) as *const f32;
+                (_mm512_maskz_loadu_ps(mask_lo, p), _mm512_maskz_loadu_ps(mask_hi, p.add(16)))
+            };
+            let a = t.a.add(kk * t.a_cs);
+            for r in 0..M {
+                let av = _mm512_set1_ps(*a.add(r * t.a_rs));
+                lo[r] = _mm512_fmadd_ps(av, b0, lo[r]);
+                hi[r] = _mm512_fmadd_ps(av, b1, hi[r]);
+            }
+        }
+        for r in 0..M {
+            let row = t.c.add(r * t.ldc);
+            let (mut vl, mut vh) = (lo[r], hi[r]);
+            if t.accumulate {
+                vl = _mm512_add_ps(vl, _mm512_maskz_loadu_ps(mask_lo, row));
+                vh = _mm512_add_ps(vh, _mm512_maskz_loadu_ps(mask_hi, row.add(16)));
+            }
+            _mm512_mask_storeu_ps(row, mask_lo, vl);
+            _mm512_mask_storeu_ps(row.add(16), mask_hi, vh);
+        }
+    }
 }
 
 /// `c[m, n] = a[m, k] · b[k, n]` for small dense row-major operands (strides given), summed
@@ -89,10 +345,33 @@ pub fn small_matmul(
         }
         return;
     }
-    debug_assert!(c.len() >= m * n);
-    debug_assert!(a.len() > (m - 1) * a_row_stride + (k - 1) * a_col_stride);
-    debug_assert!(b.len() > (k - 1) * b_row_stride + (n - 1) * b_col_stride);
-    // SAFETY: the debug assertions above state the bounds every caller guarantees.
+    assert!(c.len() >= m * n, "small_matmul: output too small");
+    assert!(a.len() > (m - 1) * a_row_stride + (k - 1) * a_col_stride, "small_matmul: a too small");
+    assert!(b.len() > (k - 1) * b_row_stride + (n - 1) * b_col_stride, "small_matmul: b too small");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // The tile kernel wants unit column stride in `b`: transpose it once if needed.
+        let transposed;
+        let (b_ptr, ldb) = if b_col_stride == 1 {
+            (b.as_ptr(), b_row_stride)
+        } else {
+            let mut t = vec![0.0f32; k * n];
+            for kk in 0..k {
+                for j in 0..n {
+                    t[kk * n + j] = b[kk * b_row_stride + j * b_col_stride];
+                }
+            }
+            transposed = t;
+            (transposed.as_ptr(), n)
+        };
+        // SAFETY: the assertions above bound every access to `a` and `c`; `b_ptr` is either
+        // `b` with unit column stride (bounded likewise) or the dense `[k, n]` transposition.
+        unsafe {
+            avx512::small(m, n, k, c.as_mut_ptr(), accumulate, a.as_ptr(), a_row_stride, a_col_stride, b_ptr, ldb)
+        };
+        return;
+    }
+    // SAFETY: the assertions above bound every access gemm makes.
     unsafe {
         gemm(
             m,
@@ -120,7 +399,7 @@ pub fn small_matmul(
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint output blocks to rayon tasks.
+// SAFETY: used only to hand disjoint output columns to rayon tasks.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
@@ -139,21 +418,66 @@ mod tests {
         y
     }
 
-    #[test]
-    fn blocked_linear_equals_the_naive_product_for_f32_and_bf16_weights() {
-        let (rows, n, k) = (7, 300, 37);
+    fn check(rows: usize, n: usize, k: usize) {
         let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0).collect();
         let want = naive(&x, rows, &w, n, k);
-        let got = linear(&x, rows, &HostWeight::f32(n, k, w.clone()));
-        for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        let tol = 1e-5 * k as f32;
+        for format in [WeightFormat::F32, WeightFormat::Bf16] {
+            // These weights are exactly representable in bf16, so both formats must agree.
+            let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
+            let got = linear(&x, rows, &packed);
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < tol, "{rows}x{n}x{k} {format:?}: {a} vs {b}");
+            }
+            let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            let packed = PackedWeight::pack(&HostWeight::bf16(n, k, wb), format);
+            assert_eq!(linear(&x, rows, &packed), got);
         }
-        // These weights are exactly representable in bf16, so the bf16 path must agree too.
-        let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
-        let got = linear(&x, rows, &HostWeight::bf16(n, k, wb));
-        for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+
+    #[test]
+    fn packed_linear_equals_the_naive_product_on_ragged_shapes() {
+        check(7, 300, 37); // partial tiles, partial panel
+        check(25, 64, 1100); // several K blocks
+        check(1, 5, 3);
+        check(12, 32, 512);
+    }
+
+    #[test]
+    fn small_matmul_handles_every_stride_pattern() {
+        let (m, n, k) = (13, 37, 70);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 11) as f32 / 4.0 - 1.2).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 / 3.0 - 0.9).collect();
+        let mut want = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k).map(|kk| a[i * k + kk] * b[kk * n + j]).sum();
+            }
+        }
+        // a row-major and b row-major.
+        let mut c = vec![1.0f32; m * n];
+        small_matmul(m, n, k, &mut c, false, &a, k, 1, &b, n, 1);
+        assert!(c.iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-3));
+        // a transposed, b transposed, accumulating onto c.
+        let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+        let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        small_matmul(m, n, k, &mut c, true, &at, 1, m, &bt, 1, k);
+        assert!(c.iter().zip(&want).all(|(x, y)| (x - 2.0 * y).abs() < 2e-3));
+    }
+
+    #[test]
+    fn the_portable_path_equals_the_dispatched_one() {
+        let (rows, n, k) = (13, 70, 600);
+        let x: Vec<f32> = (0..rows * k).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 23) as f32 / 16.0 - 0.7).collect();
+        let packed = PackedWeight::pack(&HostWeight::f32(n, k, w), WeightFormat::Bf16);
+        let fast = linear(&x, rows, &packed);
+        let mut slow = vec![0.0f32; rows * n];
+        // SAFETY: shapes as `linear` would check them.
+        unsafe { portable_panels(&x, rows, &packed, 0, packed.panels(), slow.as_mut_ptr()) };
+        for (a, b) in fast.iter().zip(&slow) {
+            assert!((a - b).abs() < 1e-3, "{a} vs {b}");
         }
     }
 }

@@ -8,8 +8,9 @@ pub mod matmul;
 
 use crate::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
-    MeshShape, Result, RopeSpec, WeightData, WeightFormat,
+    MeshShape, Result, RopeSpec, WeightFormat, WeightKind,
 };
+use matmul::PackedWeight;
 use rayon::prelude::*;
 
 /// Where a tensor's shards stand relative to each other.
@@ -37,9 +38,17 @@ pub struct CpuTensor {
     pub shards: Vec<HostTensor>,
 }
 
-/// A weight on the CPU: one `[out, in]` part per device.
+/// One device's part of a weight.
+enum CpuWeightPart {
+    /// Packed for [`matmul::linear`].
+    Matrix(PackedWeight),
+    /// Plain f32 values.
+    Vector(Vec<f32>),
+}
+
+/// A weight on the CPU: one part per device.
 pub struct CpuWeight {
-    parts: Vec<HostWeight>,
+    parts: Vec<CpuWeightPart>,
 }
 
 /// A CPU mesh of `shape.devices()` simulated devices.
@@ -110,15 +119,15 @@ impl CpuMesh {
         Ok(())
     }
 
-    fn vector<'a>(op: &'static str, w: &'a CpuWeight, d: usize, len: usize) -> Result<Vec<f32>> {
-        let part = &w.parts[d];
-        if part.rows * part.cols != len {
-            return Err(shape(
+    fn vector<'a>(op: &'static str, w: &'a CpuWeight, d: usize, len: usize) -> Result<&'a [f32]> {
+        match &w.parts[d] {
+            CpuWeightPart::Vector(v) if v.len() == len => Ok(v),
+            CpuWeightPart::Vector(v) => Err(shape(
                 op,
-                format!("weight of {} values, expected {len}", part.rows * part.cols),
-            ));
+                format!("weight of {} values, expected {len}", v.len()),
+            )),
+            CpuWeightPart::Matrix(_) => Err(shape(op, "a matrix weight used as a vector".into())),
         }
-        Ok(part.to_f32())
     }
 }
 
@@ -220,7 +229,12 @@ impl MeshOps for CpuMesh {
         t.shards.iter().map(|s| s.data.len() * 4).sum()
     }
 
-    fn upload_weight(&self, parts: Vec<HostWeight>, format: WeightFormat) -> Result<CpuWeight> {
+    fn upload_weight(
+        &self,
+        parts: Vec<HostWeight>,
+        format: WeightFormat,
+        kind: WeightKind,
+    ) -> Result<CpuWeight> {
         if parts.len() != self.devices() {
             return Err(DeviceError::Parts {
                 op: "upload_weight",
@@ -228,17 +242,22 @@ impl MeshOps for CpuMesh {
                 devices: self.devices(),
             });
         }
-        Ok(CpuWeight {
-            parts: parts.into_iter().map(|p| p.into_format(format)).collect(),
-        })
+        let parts = parts
+            .into_par_iter()
+            .map(|p| match kind {
+                WeightKind::Matrix => CpuWeightPart::Matrix(PackedWeight::pack(&p, format)),
+                WeightKind::Vector => CpuWeightPart::Vector(p.to_f32()),
+            })
+            .collect();
+        Ok(CpuWeight { parts })
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
         w.parts
             .iter()
-            .map(|p| match &p.data {
-                WeightData::F32(v) => v.len() * 4,
-                WeightData::Bf16(v) => v.len() * 2,
+            .map(|p| match p {
+                CpuWeightPart::Matrix(m) => m.bytes(),
+                CpuWeightPart::Vector(v) => v.len() * 4,
             })
             .sum()
     }
@@ -256,16 +275,19 @@ impl MeshOps for CpuMesh {
             placement
         };
         let shards = self.per_device(|d| {
-            let (xs, wp) = (&x.shards[d], &w.parts[d]);
-            if xs.cols != wp.cols {
+            let xs = &x.shards[d];
+            let CpuWeightPart::Matrix(wp) = &w.parts[d] else {
+                return Err(shape("linear", "a vector weight used as a matrix".into()));
+            };
+            if xs.cols != wp.k {
                 return Err(shape(
                     "linear",
-                    format!("input width {} vs weight [{}, {}]", xs.cols, wp.rows, wp.cols),
+                    format!("input width {} vs weight [{}, {}]", xs.cols, wp.n, wp.k),
                 ));
             }
             Ok(HostTensor::new(
                 xs.rows,
-                wp.rows,
+                wp.n,
                 matmul::linear(&xs.data, xs.rows, wp),
             ))
         })?;
@@ -337,10 +359,8 @@ impl MeshOps for CpuMesh {
         one_plus: bool,
     ) -> Result<CpuTensor> {
         self.elementwise("rms_norm", &[x], |d, p| {
-            let mut w = Self::vector("rms_norm", w, d, group)?;
-            if one_plus {
-                w.iter_mut().for_each(|v| *v += 1.0);
-            }
+            let offset = if one_plus { 1.0 } else { 0.0 };
+            let w: Vec<f32> = Self::vector("rms_norm", w, d, group)?.iter().map(|v| v + offset).collect();
             if group == 0 || p[0].cols % group != 0 {
                 return Err(shape("rms_norm", format!("{} columns in groups of {group}", p[0].cols)));
             }
@@ -521,17 +541,22 @@ impl MeshOps for CpuMesh {
                     xs.row(t - keep)
                 }
             };
+            // Taps transposed to [kernel, channels] so the inner loop runs along channels.
+            let taps: Vec<f32> = (0..kernel)
+                .flat_map(|j| (0..ch).map(move |c| (c, j)))
+                .map(|(c, j)| wv[c * kernel + j])
+                .collect();
             let mut out = vec![0.0f32; xs.rows * ch];
-            for t in 0..xs.rows {
-                let o = &mut out[t * ch..(t + 1) * ch];
+            out.par_chunks_mut(ch).enumerate().for_each(|(t, o)| {
                 for j in 0..kernel {
                     let src = ext(t + j);
-                    for (c, (oc, xc)) in o.iter_mut().zip(src).enumerate() {
-                        *oc += wv[c * kernel + j] * xc;
+                    let tap = &taps[j * ch..(j + 1) * ch];
+                    for ((oc, xc), w) in o.iter_mut().zip(src).zip(tap) {
+                        *oc += w * xc;
                     }
                 }
                 o.iter_mut().for_each(|v| *v = silu(*v));
-            }
+            });
             let total = keep + xs.rows;
             let mut next = Vec::with_capacity(keep * ch);
             for t in total - keep..total {
@@ -640,7 +665,7 @@ impl MeshOps for CpuMesh {
             for (g, zg) in out.data.chunks_mut(group).zip(p[1].data.chunks(group)) {
                 let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
                 let inv = 1.0 / (ms + eps).sqrt();
-                for ((v, wv), zv) in g.iter_mut().zip(&w).zip(zg) {
+                for ((v, wv), zv) in g.iter_mut().zip(w).zip(zg) {
                     *v = wv * (*v * inv) * silu(*zv);
                 }
             }

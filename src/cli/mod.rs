@@ -1,0 +1,3 @@
+//! Subcommands of the `clef-tt` binary that are more than a call into the library.
+pub mod bench;
+pub mod inspect;
