@@ -2,7 +2,7 @@
 //! projection matmul with f32 and bf16 weights, and the chunked delta rule of one head.
 
 use clef_device::cpu::{delta_rule, matmul};
-use clef_device::HostWeight;
+use clef_device::{HostWeight, WeightFormat};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use half::bf16;
 
@@ -23,8 +23,11 @@ fn linear(c: &mut Criterion) {
     let (t, k, n) = (512, 1024, 7168);
     let x = values(t * k, 1);
     let w = values(n * k, 2);
-    let wf = HostWeight::f32(n, k, w.clone());
-    let wb = HostWeight::bf16(n, k, w.iter().map(|&v| bf16::from_f32(v)).collect());
+    let wf = matmul::PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), WeightFormat::F32);
+    let wb = matmul::PackedWeight::pack(
+        &HostWeight::bf16(n, k, w.iter().map(|&v| bf16::from_f32(v)).collect()),
+        WeightFormat::Bf16,
+    );
     let mut g = c.benchmark_group("linear_512x1024x7168");
     g.throughput(Throughput::Elements((2 * t * k * n) as u64));
     g.sample_size(10);
@@ -47,7 +50,15 @@ fn delta(c: &mut Criterion) {
     let v = values(t * dv, 5);
     let g: Vec<f32> = values(t, 6).iter().map(|x| -0.1 - 0.2 * x.abs()).collect();
     let beta: Vec<f32> = values(t, 7).iter().map(|x| 0.5 + 0.4 * x).collect();
-    let h = delta_rule::HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, key_dim: dk, value_dim: dv };
+    let h = delta_rule::HeadInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        key_dim: dk,
+        value_dim: dv,
+    };
     let mut grp = c.benchmark_group("delta_rule_512_tokens_one_head");
     grp.sample_size(10);
     grp.bench_function("chunked", |b| {

@@ -11,7 +11,11 @@ use clef_tt::random::{make_random, Shape};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "clef-tt", version, about = "Cloudflare Clef decision models on Tenstorrent and CPU")]
+#[command(
+    name = "clef-tt",
+    version,
+    about = "Cloudflare Clef decision models on Tenstorrent and CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -64,6 +68,9 @@ enum BenchCommand {
         /// Timed runs per configuration (the median is reported).
         #[arg(long, default_value_t = 3)]
         repeat: usize,
+        /// Print the wall time of every device op (per prefill, warm-up included).
+        #[arg(long)]
+        profile: bool,
     },
 }
 
@@ -75,7 +82,28 @@ fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpo
     Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))
 }
 
+/// Keep freed activation buffers in the heap instead of returning them to the kernel: a
+/// prefill allocates and frees tens of megabytes per op, and with glibc's defaults every such
+/// buffer is a fresh mmap whose page faults and unmap IPIs cost more than the op itself.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tune_allocator() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+    // SAFETY: mallopt only changes glibc malloc's tunables; called before any other thread.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tune_allocator() {}
+
 fn main() -> anyhow::Result<()> {
+    tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::Inspect { model, revision } => {
@@ -106,6 +134,7 @@ fn main() -> anyhow::Result<()> {
                 weights,
                 mesh,
                 repeat,
+                profile,
             } => {
                 let ckpt = open(model, None)?;
                 let formats = weights
@@ -120,7 +149,7 @@ fn main() -> anyhow::Result<()> {
                     .iter()
                     .map(|m| m.parse::<MeshShape>())
                     .collect::<Result<Vec<_>, _>>()?;
-                let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat)?;
+                let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat, profile)?;
                 print!("{}", cli::bench::table(&rows));
             }
         },

@@ -3,7 +3,9 @@
 //! benchmark uses. Weights are uniform with the std of Hugging Face's init, stored as bf16;
 //! norms and gates are set so activations stay finite through every layer.
 
-use crate::checkpoint::{expected_text_tensors, JointHeadConfig, LayerKind, TextConfig, TEXT_PREFIX, LM_HEAD};
+use crate::checkpoint::{
+    expected_text_tensors, JointHeadConfig, LayerKind, TextConfig, LM_HEAD, TEXT_PREFIX,
+};
 use half::bf16;
 use rayon::prelude::*;
 use safetensors::tensor::TensorView;
@@ -25,7 +27,13 @@ pub enum Shape {
 pub fn shape_configs(shape: Shape) -> (TextConfig, JointHeadConfig) {
     let layers = |n: usize| {
         (0..n)
-            .map(|i| if (i + 1) % 4 == 0 { LayerKind::Attention } else { LayerKind::DeltaNet })
+            .map(|i| {
+                if (i + 1).is_multiple_of(4) {
+                    LayerKind::Attention
+                } else {
+                    LayerKind::DeltaNet
+                }
+            })
             .collect::<Vec<_>>()
     };
     match shape {
@@ -170,15 +178,27 @@ fn fill_for(name: &str, std: f32) -> Fill {
         || name.ends_with("k_norm.weight")
         || name == "norm.weight";
     if zero_centred_norm {
-        Fill::Uniform { mean: 0.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 0.0,
+            std: 0.0,
+        }
     } else if name.ends_with("linear_attn.norm.weight") {
-        Fill::Uniform { mean: 1.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 1.0,
+            std: 0.0,
+        }
     } else if name.ends_with("A_log") {
         Fill::LogUniform { lo: 1.0, hi: 16.0 }
     } else if name.ends_with("dt_bias") {
-        Fill::Uniform { mean: 1.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 1.0,
+            std: 0.0,
+        }
     } else if name.ends_with("conv1d.weight") {
-        Fill::Uniform { mean: 0.0, std: 0.2 }
+        Fill::Uniform {
+            mean: 0.0,
+            std: 0.2,
+        }
     } else {
         Fill::Uniform { mean: 0.0, std }
     }
@@ -186,17 +206,35 @@ fn fill_for(name: &str, std: f32) -> Fill {
 
 fn head_fill(name: &str) -> Fill {
     if name.ends_with("norm.weight") {
-        Fill::Uniform { mean: 1.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 1.0,
+            std: 0.0,
+        }
     } else if name.ends_with(".bias") {
-        Fill::Uniform { mean: 0.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 0.0,
+            std: 0.0,
+        }
     } else if name == "prior_logit_scale" {
-        Fill::Uniform { mean: std::f32::consts::LN_10, std: 0.0 }
+        Fill::Uniform {
+            mean: std::f32::consts::LN_10,
+            std: 0.0,
+        }
     } else if name == "joint_logit_scale" {
-        Fill::Uniform { mean: 2.0, std: 0.0 }
+        Fill::Uniform {
+            mean: 2.0,
+            std: 0.0,
+        }
     } else if name == "residual_gate" {
-        Fill::Uniform { mean: -2.0, std: 0.0 }
+        Fill::Uniform {
+            mean: -2.0,
+            std: 0.0,
+        }
     } else {
-        Fill::Uniform { mean: 0.0, std: 0.02 }
+        Fill::Uniform {
+            mean: 0.0,
+            std: 0.02,
+        }
     }
 }
 
@@ -204,17 +242,19 @@ fn head_fill(name: &str) -> Fill {
 fn random_bf16(n: usize, fill: Fill, seed: u64) -> Vec<u8> {
     const BLOCK: usize = 1 << 16;
     let mut out = vec![0u8; n * 2];
-    out.par_chunks_mut(BLOCK * 2).enumerate().for_each(|(b, chunk)| {
-        let mut s = seed ^ ((b as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93));
-        for c in chunk.chunks_exact_mut(2) {
-            let u = (splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-            let v = match fill {
-                Fill::Uniform { mean, std } => mean + std * 3f32.sqrt() * (2.0 * u - 1.0),
-                Fill::LogUniform { lo, hi } => (lo + (hi - lo) * u).ln(),
-            };
-            c.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
-        }
-    });
+    out.par_chunks_mut(BLOCK * 2)
+        .enumerate()
+        .for_each(|(b, chunk)| {
+            let mut s = seed ^ ((b as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+            for c in chunk.chunks_exact_mut(2) {
+                let u = (splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                let v = match fill {
+                    Fill::Uniform { mean, std } => mean + std * 3f32.sqrt() * (2.0 * u - 1.0),
+                    Fill::LogUniform { lo, hi } => (lo + (hi - lo) * u).ln(),
+                };
+                c.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
+            }
+        });
     out
 }
 
@@ -246,7 +286,11 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MakeRandomError + '_ {
     }
 }
 
-fn write_json(path: &Path, value: &serde_json::Value, newline: bool) -> Result<(), MakeRandomError> {
+fn write_json(
+    path: &Path,
+    value: &serde_json::Value,
+    newline: bool,
+) -> Result<(), MakeRandomError> {
     let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
     if newline {
         text.push('\n');
@@ -254,14 +298,22 @@ fn write_json(path: &Path, value: &serde_json::Value, newline: bool) -> Result<(
     std::fs::write(path, text).map_err(io_err(path))
 }
 
-fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Result<(), MakeRandomError> {
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+) -> Result<(), MakeRandomError> {
     let st = |source| MakeRandomError::Safetensors {
         path: path.display().to_string(),
         source,
     };
     let views = tensors
         .iter()
-        .map(|(n, s, b)| Ok((n.clone(), TensorView::new(Dtype::BF16, s.clone(), b).map_err(st)?)))
+        .map(|(n, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(Dtype::BF16, s.clone(), b).map_err(st)?,
+            ))
+        })
         .collect::<Result<Vec<_>, MakeRandomError>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(meta), path).map_err(st)
@@ -269,7 +321,12 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> 
 
 /// Write a random checkpoint of `shape` into `out` (created if needed), with the tokenizer
 /// files copied from `tokenizer_dir`.
-pub fn make_random(shape: Shape, out: &Path, seed: u64, tokenizer_dir: &Path) -> Result<(), MakeRandomError> {
+pub fn make_random(
+    shape: Shape,
+    out: &Path,
+    seed: u64,
+    tokenizer_dir: &Path,
+) -> Result<(), MakeRandomError> {
     let (text, head) = shape_configs(shape);
     std::fs::create_dir_all(out).map_err(io_err(out))?;
     let std = 0.02f32;
@@ -285,9 +342,19 @@ pub fn make_random(shape: Shape, out: &Path, seed: u64, tokenizer_dir: &Path) ->
     let shard2 = vec![(
         LM_HEAD.to_string(),
         lm.clone(),
-        random_bf16(lm.iter().product(), Fill::Uniform { mean: 0.0, std: 0.05 }, name_seed(seed, LM_HEAD)),
+        random_bf16(
+            lm.iter().product(),
+            Fill::Uniform {
+                mean: 0.0,
+                std: 0.05,
+            },
+            name_seed(seed, LM_HEAD),
+        ),
     )];
-    let files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let files = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
     write_safetensors(&out.join(files[0]), &shard1)?;
     write_safetensors(&out.join(files[1]), &shard2)?;
     let mut weight_map = serde_json::Map::new();
@@ -316,7 +383,12 @@ pub fn make_random(shape: Shape, out: &Path, seed: u64, tokenizer_dir: &Path) ->
         "layers": head.layers, "heads": head.heads, "feedforward": head.feedforward
     });
     write_json(&out.join("joint_head_config.json"), &head_json, true)?;
-    for f in ["tokenizer.json", "tokenizer_config.json", "processor_config.json", "chat_template.jinja"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "processor_config.json",
+        "chat_template.jinja",
+    ] {
         let src = tokenizer_dir.join(f);
         if src.exists() {
             std::fs::copy(&src, out.join(f)).map_err(io_err(&src))?;

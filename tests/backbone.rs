@@ -22,19 +22,28 @@ fn check_against_reference(shape: MeshShape) {
     let embedded = bb.embed(&ids).unwrap();
     let positions = Backbone::<CpuMesh>::text_positions(0, ids.len());
     let mut traced: Vec<(String, Vec<f32>, usize)> = Vec::new();
-    let mut tracer = |name: &str, t: clef_device::HostTensor| traced.push((name.to_string(), t.data, t.cols));
+    let mut tracer =
+        |name: &str, t: clef_device::HostTensor| traced.push((name.to_string(), t.data, t.cols));
     let (hidden, state) = bb
         .prefill_embedded(&embedded, &positions, None, Some(&mut tracer))
         .unwrap();
     let mut compared = 0;
     for (name, got, cols) in &traced {
-        let Some((_, want)) = reference.get(name) else { continue };
+        let Some((_, want)) = reference.get(name) else {
+            continue;
+        };
         let err = max_rel_row_error(got, want, *cols);
-        assert!(err <= 1e-4, "{shape}: {name}: max |Δ| is {err} × the row's RMS");
+        assert!(
+            err <= 1e-4,
+            "{shape}: {name}: max |Δ| is {err} × the row's RMS"
+        );
         compared += 1;
     }
     // Every layer output plus the traced sub-blocks of layers 0 and 3.
-    assert!(compared >= 8 + 20, "{shape}: only {compared} reference tensors compared");
+    assert!(
+        compared >= 8 + 20,
+        "{shape}: only {compared} reference tensors compared"
+    );
     let err = max_rel_row_error(&hidden.data, &reference["final_hidden"].1, hidden.cols);
     assert!(err <= 1e-4, "{shape}: final_hidden off by {err} × RMS");
 
@@ -43,16 +52,27 @@ fn check_against_reference(shape: MeshShape) {
         match bb.export_state(layer).unwrap() {
             HfLayerState::Attention { keys, values } => {
                 let d = 64;
-                assert!(max_rel_row_error(&keys, &reference[&format!("cache.{i}.key")].1, d) <= 1e-4);
-                assert!(max_rel_row_error(&values, &reference[&format!("cache.{i}.value")].1, d) <= 1e-4);
+                assert!(
+                    max_rel_row_error(&keys, &reference[&format!("cache.{i}.key")].1, d) <= 1e-4
+                );
+                assert!(
+                    max_rel_row_error(&values, &reference[&format!("cache.{i}.value")].1, d)
+                        <= 1e-4
+                );
             }
             HfLayerState::DeltaNet { conv, recurrent } => {
                 // HF keeps the last 4 pre-conv inputs; the carry is the last 3 of them.
                 let want = &reference[&format!("cache.{i}.conv_state")].1;
                 let want_last3: Vec<f32> = want.chunks(4).flat_map(|r| r[1..].to_vec()).collect();
-                assert!(max_rel_row_error(&conv, &want_last3, 3 * 272) <= 1e-4, "conv state {i}");
+                assert!(
+                    max_rel_row_error(&conv, &want_last3, 3 * 272) <= 1e-4,
+                    "conv state {i}"
+                );
                 let want = &reference[&format!("cache.{i}.recurrent_state")].1;
-                assert!(max_rel_row_error(&recurrent, want, 24 * 32) <= 1e-4, "recurrent state {i}");
+                assert!(
+                    max_rel_row_error(&recurrent, want, 24 * 32) <= 1e-4,
+                    "recurrent state {i}"
+                );
             }
         }
     }
@@ -74,7 +94,11 @@ fn tiny_clef_final_hidden_rows_match_the_golden_records() {
     let one = backbone("tiny-clef", MeshShape::ONE);
     let pair = backbone("tiny-clef", MeshShape::PAIR);
     for case in ["triage_readme", "json_state_unicode", "many_questions_24"] {
-        let ids: Vec<u32> = goldens[&format!("{case}.input_ids")].1.iter().map(|&v| v as u32).collect();
+        let ids: Vec<u32> = goldens[&format!("{case}.input_ids")]
+            .1
+            .iter()
+            .map(|&v| v as u32)
+            .collect();
         let want = &goldens[&format!("{case}.final_hidden")].1;
         let (h1, _) = one.prefill(&ids, None).unwrap();
         let err = max_rel_row_error(&h1.data, want, 64);
@@ -90,7 +114,11 @@ fn tiny_clef_final_hidden_rows_match_the_golden_records() {
 #[test]
 fn a_prefix_pass_and_a_tail_pass_equal_the_single_pass() {
     let goldens = read_tensors(&fixtures().join("tiny-clef/goldens/tensors_f32.safetensors"));
-    let ids: Vec<u32> = goldens["json_state_unicode.input_ids"].1.iter().map(|&v| v as u32).collect();
+    let ids: Vec<u32> = goldens["json_state_unicode.input_ids"]
+        .1
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
     for shape in [MeshShape::ONE, MeshShape::PAIR] {
         let bb = backbone("tiny-clef", shape);
         let (whole, whole_state) = bb.prefill(&ids, None).unwrap();
@@ -106,10 +134,16 @@ fn a_prefix_pass_and_a_tail_pass_equal_the_single_pass() {
             assert_eq!(end_state.position, ids.len());
             for (a, b) in end_state.layers.iter().zip(&whole_state.layers) {
                 match (bb.export_state(a).unwrap(), bb.export_state(b).unwrap()) {
-                    (HfLayerState::Attention { keys: k1, .. }, HfLayerState::Attention { keys: k2, .. }) => {
+                    (
+                        HfLayerState::Attention { keys: k1, .. },
+                        HfLayerState::Attention { keys: k2, .. },
+                    ) => {
                         assert!(max_rel_row_error(&k1, &k2, 32) <= 1e-5)
                     }
-                    (HfLayerState::DeltaNet { recurrent: r1, .. }, HfLayerState::DeltaNet { recurrent: r2, .. }) => {
+                    (
+                        HfLayerState::DeltaNet { recurrent: r1, .. },
+                        HfLayerState::DeltaNet { recurrent: r2, .. },
+                    ) => {
                         assert!(max_rel_row_error(&r1, &r2, 12) <= 1e-4)
                     }
                     _ => panic!("layer kinds differ"),
@@ -123,7 +157,11 @@ fn a_prefix_pass_and_a_tail_pass_equal_the_single_pass() {
 #[test]
 fn bf16_weights_stay_close_to_f32() {
     let goldens = read_tensors(&fixtures().join("tiny-clef/goldens/tensors_f32.safetensors"));
-    let ids: Vec<u32> = goldens["triage_readme.input_ids"].1.iter().map(|&v| v as u32).collect();
+    let ids: Vec<u32> = goldens["triage_readme.input_ids"]
+        .1
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
     let ckpt = Checkpoint::open_text(&fixtures().join("tiny-clef")).unwrap();
     // The fixture's weights are exactly bf16, so holding them as bf16 changes nothing.
     let bb = Backbone::load(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::Bf16).unwrap();

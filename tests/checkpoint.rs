@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 fn sha256(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn files_under(dir: &Path) -> Vec<PathBuf> {
@@ -30,10 +33,9 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn the_tiny_clef_copy_matches_the_digests_recorded_with_its_goldens() {
     let dir = fixtures().join("tiny-clef");
-    let manifest: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("goldens/manifest.json")).unwrap(),
-    )
-    .unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("goldens/manifest.json")).unwrap())
+            .unwrap();
     let digests = manifest["fixture_files_sha256"].as_object().unwrap();
     assert!(digests.len() >= 11);
     for (file, want) in digests {
@@ -53,7 +55,11 @@ fn every_copied_fixture_equals_shared_when_present() {
     for theirs in files_under(&shared) {
         let rel = theirs.strip_prefix(&shared).unwrap();
         let mine = ours.join(rel);
-        assert!(mine.is_file(), "{} is not copied into tests/fixtures", rel.display());
+        assert!(
+            mine.is_file(),
+            "{} is not copied into tests/fixtures",
+            rel.display()
+        );
         assert_eq!(sha256(&mine), sha256(&theirs), "{}", rel.display());
         compared += 1;
     }
@@ -64,7 +70,10 @@ fn every_copied_fixture_equals_shared_when_present() {
 fn the_tiny_clef_snapshot_opens_with_its_head_and_tokenizer() {
     let ckpt = Checkpoint::open(&fixtures().join("tiny-clef")).unwrap();
     let t = &ckpt.config.text;
-    assert_eq!((t.hidden_size, t.vocab_size, t.layers.len()), (64, 248_320, 8));
+    assert_eq!(
+        (t.hidden_size, t.vocab_size, t.layers.len()),
+        (64, 248_320, 8)
+    );
     assert_eq!(t.rotary_dim(), 8);
     let head = ckpt.head.as_ref().unwrap();
     assert_eq!(head.tensors.iter().count(), 122);
@@ -115,7 +124,11 @@ fn rewrite(path: &Path, edit: impl Fn(&mut Vec<(String, Vec<usize>, Vec<u8>)>)) 
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .map(|(n, s, b)| {
-            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b).unwrap())
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                    .unwrap(),
+            )
         })
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
@@ -132,9 +145,14 @@ fn open_err(dir: &Path) -> String {
 fn a_missing_tensor_is_refused_by_name() {
     let s = Scratch::of(&fixtures().join("tiny-qwen35/checkpoint"), "missing");
     let name = "model.language_model.layers.3.self_attn.k_norm.weight";
-    rewrite(&s.0.join("model.safetensors"), |t| t.retain(|x| x.0 != name));
+    rewrite(&s.0.join("model.safetensors"), |t| {
+        t.retain(|x| x.0 != name)
+    });
     let e = open_err(&s.0);
-    assert!(e.contains(name) && e.contains("missing") && e.contains("[64]"), "{e}");
+    assert!(
+        e.contains(name) && e.contains("missing") && e.contains("[64]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -146,7 +164,10 @@ fn a_wrong_shape_is_refused_with_both_shapes() {
         e.1 = vec![128, 144]; // transposed
     });
     let e = open_err(&s.0);
-    assert!(e.contains(name) && e.contains("[128, 144]") && e.contains("expected [144, 128]"), "{e}");
+    assert!(
+        e.contains(name) && e.contains("[128, 144]") && e.contains("expected [144, 128]"),
+        "{e}"
+    );
     assert!(e.contains("model.safetensors"), "{e}");
 }
 
@@ -158,7 +179,10 @@ fn a_truncated_shard_is_refused() {
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(len - 1000).unwrap();
     let e = open_err(&s.0);
-    assert!(e.contains("truncated") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("truncated") && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -172,7 +196,10 @@ fn an_index_naming_an_absent_tensor_is_refused() {
         "model-00001-of-00002.safetensors".into();
     std::fs::write(&index, json.to_string()).unwrap();
     let e = open_err(&s.0);
-    assert!(e.contains("layers.99.mlp.up_proj") && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("layers.99.mlp.up_proj") && e.contains("missing"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -187,7 +214,10 @@ fn a_head_missing_a_tensor_or_with_an_extra_one_is_refused() {
         t.push(("bonus.weight".into(), vec![1], vec![0, 0]));
     });
     let e = Checkpoint::open(&s.0).err().unwrap().to_string();
-    assert!(e.contains("bonus.weight") && e.contains("unexpected"), "{e}");
+    assert!(
+        e.contains("bonus.weight") && e.contains("unexpected"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -200,7 +230,10 @@ fn a_hub_id_resolves_in_the_local_cache_and_nothing_is_downloaded() {
     std::fs::write(repo.join("refs/main"), commit).unwrap();
     let got = resolve_in_cache("Cloudflare/clef", None, &cache).unwrap();
     assert_eq!(got, repo.join("snapshots").join(commit));
-    assert_eq!(resolve_in_cache("Cloudflare/clef", Some(commit), &cache).unwrap(), got);
+    assert_eq!(
+        resolve_in_cache("Cloudflare/clef", Some(commit), &cache).unwrap(),
+        got
+    );
     let e = resolve_in_cache("Cloudflare/clef", Some("deadbeef"), &cache).unwrap_err();
     assert!(matches!(e, CheckpointError::Resolve { .. }) && e.to_string().contains("deadbeef"));
     let e = resolve_in_cache("Cloudflare/clef-flash", None, &cache).unwrap_err();

@@ -127,7 +127,9 @@ impl HostWeight {
     /// Columns `[start, end)` (input channels).
     pub fn col_range(&self, start: usize, end: usize) -> HostWeight {
         fn take<T: Copy>(v: &[T], cols: usize, start: usize, end: usize) -> Vec<T> {
-            v.chunks(cols).flat_map(|r| r[start..end].iter().copied()).collect()
+            v.chunks(cols)
+                .flat_map(|r| r[start..end].iter().copied())
+                .collect()
         }
         let data = match &self.data {
             WeightData::F32(v) => WeightData::F32(take(v, self.cols, start, end)),

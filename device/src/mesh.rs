@@ -23,7 +23,7 @@ impl MeshShape {
 
     /// Split a parent mesh into equal submeshes of `sub` (a 1x4 parent gives two 1x2 groups).
     pub fn submeshes(&self, sub: MeshShape) -> Result<usize, DeviceError> {
-        if sub.rows != self.rows || sub.cols == 0 || self.cols % sub.cols != 0 {
+        if sub.rows != self.rows || sub.cols == 0 || !self.cols.is_multiple_of(sub.cols) {
             return Err(DeviceError::Mesh(format!("{sub} inside {self}")));
         }
         Ok(self.cols / sub.cols)

@@ -120,8 +120,12 @@ pub trait MeshOps: Sync {
         head_dim: usize,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
     /// Rotate the leading `rotary_dim` channels of every head; `positions[t]` is (t, h, w).
-    fn rope(&self, x: &Self::Tensor, spec: &RopeSpec, positions: &[[u32; 3]])
-        -> Result<Self::Tensor>;
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        spec: &RopeSpec,
+        positions: &[[u32; 3]],
+    ) -> Result<Self::Tensor>;
     /// Append rows to a per-device cache (KV pages); `None` starts an empty cache.
     fn append_rows(&self, cache: Option<&Self::Tensor>, new: &Self::Tensor)
         -> Result<Self::Tensor>;

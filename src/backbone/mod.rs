@@ -61,6 +61,11 @@ pub enum HfLayerState {
 /// `tiny-qwen35` fixture, e.g. `layers.0.linear_attn.in_proj_qkv`).
 pub type Tracer<'a> = &'a mut dyn FnMut(&str, HostTensor);
 
+/// A lazily computed tensor for the tracer (only evaluated when a tracer is attached).
+type Lazy<'a> = &'a dyn Fn() -> Result<HostTensor, DeviceError>;
+/// The internal tracing hook: a name and a lazily computed tensor.
+type TraceFn<'a> = dyn FnMut(String, Lazy) + 'a;
+
 /// The text backbone placed on a mesh.
 pub struct Backbone<B: MeshOps> {
     mesh: B,
@@ -220,7 +225,9 @@ impl<B: MeshOps> Backbone<B> {
         for (i, lw) in self.layers.iter().enumerate() {
             let prev = state.map(|s| &s.layers[i]);
             let x = m.rms_norm(&h, &lw.input_norm, cfg.hidden_size, eps, true)?;
-            trace(format!("layers.{i}.input_layernorm"), &|| m.gather(&x, GatherAxis::Cols));
+            trace(format!("layers.{i}.input_layernorm"), &|| {
+                m.gather(&x, GatherAxis::Cols)
+            });
             let (mixed, layer_state) = match &lw.mixer {
                 MixerWeights::Attention {
                     qkv,
@@ -237,7 +244,9 @@ impl<B: MeshOps> Backbone<B> {
                             )))
                         }
                     };
-                    self.attention(i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, &mut trace)?
+                    self.attention(
+                        i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, &mut trace,
+                    )?
                 }
                 MixerWeights::DeltaNet {
                     in_proj,
@@ -263,13 +272,19 @@ impl<B: MeshOps> Backbone<B> {
             };
             h = m.add(&h, &mixed)?;
             let x = m.rms_norm(&h, &lw.post_norm, cfg.hidden_size, eps, true)?;
-            trace(format!("layers.{i}.post_attention_layernorm"), &|| m.gather(&x, GatherAxis::Cols));
+            trace(format!("layers.{i}.post_attention_layernorm"), &|| {
+                m.gather(&x, GatherAxis::Cols)
+            });
             let gu = m.linear(&x, &lw.gate_up)?;
             let act = m.swiglu(&gu)?;
             let down = self.reduce(i, m.linear(&act, &lw.down)?)?;
-            trace(format!("layers.{i}.mlp"), &|| m.gather(&down, GatherAxis::Cols));
+            trace(format!("layers.{i}.mlp"), &|| {
+                m.gather(&down, GatherAxis::Cols)
+            });
             h = m.add(&h, &down)?;
-            trace(format!("layers.{i}.out"), &|| m.gather(&h, GatherAxis::Cols));
+            trace(format!("layers.{i}.out"), &|| {
+                m.gather(&h, GatherAxis::Cols)
+            });
             next_layers.push(layer_state);
         }
         let y = m.rms_norm(&h, &self.final_norm, cfg.hidden_size, eps, true)?;
@@ -303,7 +318,7 @@ impl<B: MeshOps> Backbone<B> {
         o_proj: &B::Weight,
         cache: Option<(&B::Tensor, &B::Tensor)>,
         positions: &[[u32; 3]],
-        trace: &mut dyn FnMut(String, &dyn Fn() -> Result<HostTensor, DeviceError>),
+        trace: &mut TraceFn,
     ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
         let m = &self.mesh;
         let cfg = &self.config;
@@ -316,7 +331,10 @@ impl<B: MeshOps> Backbone<B> {
         };
         let p = format!("layers.{i}.self_attn");
         let fused = m.linear(x, qkv)?;
-        let parts = m.split_cols(&fused, &[spec.heads * 2 * d, spec.kv_heads * d, spec.kv_heads * d])?;
+        let parts = m.split_cols(
+            &fused,
+            &[spec.heads * 2 * d, spec.kv_heads * d, spec.kv_heads * d],
+        )?;
         let (qg, k, v) = (&parts[0], &parts[1], &parts[2]);
         trace(format!("{p}.q_proj"), &|| m.gather(qg, GatherAxis::Cols));
         trace(format!("{p}.k_proj"), &|| m.gather(k, GatherAxis::Cols));
@@ -339,9 +357,11 @@ impl<B: MeshOps> Backbone<B> {
         let values = m.append_rows(cache.map(|c| c.1), v)?;
         let attn = m.causal_attention(&q, &keys, &values, &spec)?;
         let gated = m.mul_sigmoid(&attn, &gate)?;
-        trace(format!("{p}.o_proj.in0"), &|| m.gather(&gated, GatherAxis::Cols));
+        trace(format!("{p}.o_proj.in0"), &|| {
+            m.gather(&gated, GatherAxis::Cols)
+        });
         let out = self.reduce(i, m.linear(&gated, o_proj)?)?;
-        trace(format!("{p}"), &|| m.gather(&out, GatherAxis::Cols));
+        trace(p.to_string(), &|| m.gather(&out, GatherAxis::Cols));
         Ok((out, LayerState::Attention { keys, values }))
     }
 
@@ -357,7 +377,7 @@ impl<B: MeshOps> Backbone<B> {
         norm: &B::Weight,
         out_proj: &B::Weight,
         carried: Option<(&B::Tensor, &B::Tensor)>,
-        trace: &mut dyn FnMut(String, &dyn Fn() -> Result<HostTensor, DeviceError>),
+        trace: &mut TraceFn,
     ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
         let m = &self.mesh;
         let spec = self.delta_spec();
@@ -370,7 +390,9 @@ impl<B: MeshOps> Backbone<B> {
         let fused = m.linear(x, in_proj)?;
         let parts = m.split_cols(&fused, &[2 * kd + vd, vd, nv, nv])?;
         let (qkv, z, b, a) = (&parts[0], &parts[1], &parts[2], &parts[3]);
-        trace(format!("{p}.in_proj_qkv"), &|| gather_segments(m, qkv, &[kd, kd, vd]));
+        trace(format!("{p}.in_proj_qkv"), &|| {
+            gather_segments(m, qkv, &[kd, kd, vd])
+        });
         trace(format!("{p}.in_proj_z"), &|| m.gather(z, GatherAxis::Cols));
         trace(format!("{p}.in_proj_b"), &|| m.gather(b, GatherAxis::Cols));
         trace(format!("{p}.in_proj_a"), &|| m.gather(a, GatherAxis::Cols));
@@ -380,13 +402,21 @@ impl<B: MeshOps> Backbone<B> {
         let (core, recurrent) =
             m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
         let dv = spec.value_dim;
-        trace(format!("{p}.norm.in0"), &|| per_head_rows(m.gather(&core, GatherAxis::Cols)?, dv));
-        trace(format!("{p}.norm.in1"), &|| per_head_rows(m.gather(z, GatherAxis::Cols)?, dv));
+        trace(format!("{p}.norm.in0"), &|| {
+            per_head_rows(m.gather(&core, GatherAxis::Cols)?, dv)
+        });
+        trace(format!("{p}.norm.in1"), &|| {
+            per_head_rows(m.gather(z, GatherAxis::Cols)?, dv)
+        });
         let normed = m.gated_rms_norm(&core, z, norm, dv, self.config.rms_norm_eps)?;
-        trace(format!("{p}.norm"), &|| per_head_rows(m.gather(&normed, GatherAxis::Cols)?, dv));
-        trace(format!("{p}.out_proj.in0"), &|| m.gather(&normed, GatherAxis::Cols));
+        trace(format!("{p}.norm"), &|| {
+            per_head_rows(m.gather(&normed, GatherAxis::Cols)?, dv)
+        });
+        trace(format!("{p}.out_proj.in0"), &|| {
+            m.gather(&normed, GatherAxis::Cols)
+        });
         let out = self.reduce(i, m.linear(&normed, out_proj)?)?;
-        trace(format!("{p}"), &|| m.gather(&out, GatherAxis::Cols));
+        trace(p.to_string(), &|| m.gather(&out, GatherAxis::Cols));
         Ok((
             out,
             LayerState::DeltaNet {

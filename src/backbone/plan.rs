@@ -99,7 +99,10 @@ pub struct PlanError {
 }
 
 fn whole(tensor: String, rows: usize) -> Part {
-    Part { tensor, rows: 0..rows }
+    Part {
+        tensor,
+        rows: 0..rows,
+    }
 }
 
 fn weight(parts: Vec<Part>, split: Split, matrix: bool) -> WeightPlan {
@@ -115,7 +118,7 @@ impl TpPlan {
     /// heads works).
     pub fn new(cfg: &TextConfig, devices: usize) -> Result<Self, PlanError> {
         let check = |n: usize, what: &str| {
-            if devices == 0 || n % devices != 0 {
+            if devices == 0 || !n.is_multiple_of(devices) {
                 Err(PlanError {
                     devices,
                     what: format!("{what} ({n}) is not a multiple of the device count"),
@@ -139,7 +142,8 @@ impl TpPlan {
         } else {
             Collective::AllReduce
         };
-        let vector = |name: String, n: usize| weight(vec![whole(name, n)], Split::Replicated, false);
+        let vector =
+            |name: String, n: usize| weight(vec![whole(name, n)], Split::Replicated, false);
         let layers = cfg
             .layers
             .iter()
@@ -149,8 +153,11 @@ impl TpPlan {
                 let mixer = match kind {
                     LayerKind::Attention => {
                         let a = format!("{l}.self_attn");
-                        let (nh, nkv, d) =
-                            (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+                        let (nh, nkv, d) = (
+                            cfg.num_attention_heads,
+                            cfg.num_key_value_heads,
+                            cfg.head_dim,
+                        );
                         MixerPlan::Attention {
                             qkv: weight(
                                 vec![
@@ -163,19 +170,33 @@ impl TpPlan {
                             ),
                             q_norm: vector(format!("{a}.q_norm.weight"), d),
                             k_norm: vector(format!("{a}.k_norm.weight"), d),
-                            o_proj: weight(vec![whole(format!("{a}.o_proj.weight"), h)], Split::Rows, true),
+                            o_proj: weight(
+                                vec![whole(format!("{a}.o_proj.weight"), h)],
+                                Split::Rows,
+                                true,
+                            ),
                         }
                     }
                     LayerKind::DeltaNet => {
                         let a = format!("{l}.linear_attn");
-                        let (kd, vd, nv) = (cfg.key_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+                        let (kd, vd, nv) =
+                            (cfg.key_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
                         let qkv = format!("{a}.in_proj_qkv.weight");
                         let conv = format!("{a}.conv1d.weight");
                         let segments = |t: &str| {
                             vec![
-                                Part { tensor: t.to_string(), rows: 0..kd },
-                                Part { tensor: t.to_string(), rows: kd..2 * kd },
-                                Part { tensor: t.to_string(), rows: 2 * kd..2 * kd + vd },
+                                Part {
+                                    tensor: t.to_string(),
+                                    rows: 0..kd,
+                                },
+                                Part {
+                                    tensor: t.to_string(),
+                                    rows: kd..2 * kd,
+                                },
+                                Part {
+                                    tensor: t.to_string(),
+                                    rows: 2 * kd..2 * kd + vd,
+                                },
                             ]
                         };
                         let mut in_parts = segments(&qkv);
@@ -185,10 +206,22 @@ impl TpPlan {
                         MixerPlan::DeltaNet {
                             in_proj: weight(in_parts, Split::Columns, true),
                             conv: weight(segments(&conv), Split::Columns, false),
-                            a_log: weight(vec![whole(format!("{a}.A_log"), nv)], Split::Columns, false),
-                            dt_bias: weight(vec![whole(format!("{a}.dt_bias"), nv)], Split::Columns, false),
+                            a_log: weight(
+                                vec![whole(format!("{a}.A_log"), nv)],
+                                Split::Columns,
+                                false,
+                            ),
+                            dt_bias: weight(
+                                vec![whole(format!("{a}.dt_bias"), nv)],
+                                Split::Columns,
+                                false,
+                            ),
                             norm: vector(format!("{a}.norm.weight"), cfg.linear_value_head_dim),
-                            out_proj: weight(vec![whole(format!("{a}.out_proj.weight"), h)], Split::Rows, true),
+                            out_proj: weight(
+                                vec![whole(format!("{a}.out_proj.weight"), h)],
+                                Split::Rows,
+                                true,
+                            ),
                         }
                     }
                 };
@@ -205,7 +238,11 @@ impl TpPlan {
                         Split::Columns,
                         true,
                     ),
-                    down: weight(vec![whole(format!("{l}.mlp.down_proj.weight"), h)], Split::Rows, true),
+                    down: weight(
+                        vec![whole(format!("{l}.mlp.down_proj.weight"), h)],
+                        Split::Rows,
+                        true,
+                    ),
                     reduce,
                 }
             })

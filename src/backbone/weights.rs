@@ -99,7 +99,13 @@ pub fn device_parts(
         Split::Replicated => {
             let mut parts = Vec::new();
             for p in &plan.parts {
-                parts.push(read_rows(store, &p.tensor, p.rows.start, p.rows.end, plan.matrix)?);
+                parts.push(read_rows(
+                    store,
+                    &p.tensor,
+                    p.rows.start,
+                    p.rows.end,
+                    plan.matrix,
+                )?);
             }
             let w = HostWeight::concat_rows(&parts)
                 .ok_or_else(|| bad(&plan.parts[0].tensor, "parts of different widths".into()))?;
@@ -110,8 +116,11 @@ pub fn device_parts(
                 let mut parts = Vec::new();
                 for p in &plan.parts {
                     let len = p.rows.len();
-                    if len % devices != 0 {
-                        return Err(bad(&p.tensor, format!("{len} rows do not split over {devices} devices")));
+                    if !len.is_multiple_of(devices) {
+                        return Err(bad(
+                            &p.tensor,
+                            format!("{len} rows do not split over {devices} devices"),
+                        ));
                     }
                     let block = len / devices;
                     let s = p.rows.start + d * block;
@@ -124,11 +133,16 @@ pub fn device_parts(
         Split::Rows => {
             let p = &plan.parts[0];
             let w = read_rows(store, &p.tensor, p.rows.start, p.rows.end, plan.matrix)?;
-            if w.cols % devices != 0 {
-                return Err(bad(&p.tensor, format!("{} columns do not split over {devices} devices", w.cols)));
+            if !w.cols.is_multiple_of(devices) {
+                return Err(bad(
+                    &p.tensor,
+                    format!("{} columns do not split over {devices} devices", w.cols),
+                ));
             }
             let block = w.cols / devices;
-            Ok((0..devices).map(|d| w.col_range(d * block, (d + 1) * block)).collect())
+            Ok((0..devices)
+                .map(|d| w.col_range(d * block, (d + 1) * block))
+                .collect())
         }
     }
 }
@@ -145,11 +159,15 @@ fn place<B: MeshOps>(
     } else {
         WeightKind::Vector
     };
-    mesh.upload_weight(parts, format, kind).map_err(|source| LoadError::Device {
-        tensor: plan.parts[0].tensor.clone(),
-        source,
-    })
+    mesh.upload_weight(parts, format, kind)
+        .map_err(|source| LoadError::Device {
+            tensor: plan.parts[0].tensor.clone(),
+            source,
+        })
 }
+
+/// Every layer's weights and the final norm, on the mesh.
+pub type PlacedWeights<W> = (Vec<LayerWeights<W>>, W);
 
 /// Place every layer's weights and the final norm.
 pub fn load_layers<B: MeshOps>(
@@ -157,7 +175,7 @@ pub fn load_layers<B: MeshOps>(
     store: &TensorStore,
     plan: &TpPlan,
     format: WeightFormat,
-) -> Result<(Vec<LayerWeights<B::Weight>>, B::Weight), LoadError> {
+) -> Result<PlacedWeights<B::Weight>, LoadError> {
     let p = |w: &WeightPlan| place(mesh, store, w, format);
     let mut layers = Vec::with_capacity(plan.layers.len());
     for l in &plan.layers {

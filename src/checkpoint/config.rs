@@ -187,7 +187,9 @@ impl ModelConfig {
                 .map(|s| match s.as_str() {
                     "linear_attention" => Ok(LayerKind::DeltaNet),
                     "full_attention" => Ok(LayerKind::Attention),
-                    other => Err(format!("text_config.layer_types: unknown layer type {other:?}")),
+                    other => Err(format!(
+                        "text_config.layer_types: unknown layer type {other:?}"
+                    )),
                 })
                 .collect::<Result<Vec<_>, _>>()?,
             None => {
@@ -197,7 +199,7 @@ impl ModelConfig {
                 }
                 (0..n_layers)
                     .map(|i| {
-                        if (i + 1) % interval == 0 {
+                        if (i + 1).is_multiple_of(interval) {
                             LayerKind::Attention
                         } else {
                             LayerKind::DeltaNet
@@ -281,21 +283,27 @@ fn check_text(t: &TextConfig) -> Result<(), String> {
             return Err(format!("text_config.{name} must be positive"));
         }
     }
-    if t.num_attention_heads % t.num_key_value_heads != 0 {
+    if !t.num_attention_heads.is_multiple_of(t.num_key_value_heads) {
         return Err(format!(
             "num_attention_heads {} is not a multiple of num_key_value_heads {}",
             t.num_attention_heads, t.num_key_value_heads
         ));
     }
-    if t.linear_num_value_heads % t.linear_num_key_heads != 0 {
+    if !t
+        .linear_num_value_heads
+        .is_multiple_of(t.linear_num_key_heads)
+    {
         return Err(format!(
             "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
             t.linear_num_value_heads, t.linear_num_key_heads
         ));
     }
     let r = t.rotary_dim();
-    if r % 2 != 0 || r > t.head_dim || t.mrope_section.iter().sum::<usize>() * 2 > r {
-        return Err(format!("rotary dim {r} does not fit head_dim {}", t.head_dim));
+    if !r.is_multiple_of(2) || r > t.head_dim || t.mrope_section.iter().sum::<usize>() * 2 > r {
+        return Err(format!(
+            "rotary dim {r} does not fit head_dim {}",
+            t.head_dim
+        ));
     }
     Ok(())
 }

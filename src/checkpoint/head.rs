@@ -30,10 +30,13 @@ impl JointHeadConfig {
                 file: path.display().to_string(),
                 msg: format!("not a joint head config: {e}"),
             })?;
-        if cfg.width == 0 || cfg.heads == 0 || cfg.width % cfg.heads != 0 {
+        if cfg.width == 0 || cfg.heads == 0 || !cfg.width.is_multiple_of(cfg.heads) {
             return Err(CheckpointError::Config {
                 file: path.display().to_string(),
-                msg: format!("width {} is not a positive multiple of heads {}", cfg.width, cfg.heads),
+                msg: format!(
+                    "width {} is not a positive multiple of heads {}",
+                    cfg.width, cfg.heads
+                ),
             });
         }
         Ok(cfg)

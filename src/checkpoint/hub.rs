@@ -26,10 +26,14 @@ pub fn resolve_in_cache(
         msg,
     };
     let Some((org, name)) = model.split_once('/') else {
-        return Err(err("not a directory and not a hub id of the form org/name".into()));
+        return Err(err(
+            "not a directory and not a hub id of the form org/name".into()
+        ));
     };
     if org.is_empty() || name.is_empty() || name.contains('/') || model.starts_with('.') {
-        return Err(err("not a directory and not a hub id of the form org/name".into()));
+        return Err(err(
+            "not a directory and not a hub id of the form org/name".into()
+        ));
     }
     let revision = revision.unwrap_or("main").to_string();
     let repo = cache.join(format!("models--{org}--{name}"));
@@ -64,6 +68,8 @@ fn hub_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     home.join(".cache").join("huggingface").join("hub")
 }

@@ -21,8 +21,8 @@ pub use hub::{resolve_in_cache, resolve_model_dir};
 pub use tensors::{StoredDtype, TensorInfo, TensorStore};
 
 use half::bf16;
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Prefix of the text model's tensors in a `Qwen3_5ForConditionalGeneration` checkpoint.
@@ -127,7 +127,9 @@ impl Checkpoint {
     /// The LM head as a row table read on demand from the mapped file.
     pub fn lm_head(&self) -> Result<RowTable<'_>, CheckpointError> {
         let t = &self.config.text;
-        let info = self.tensors.expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
+        let info = self
+            .tensors
+            .expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
         Ok(RowTable {
             store: &self.tensors,
             info,
@@ -164,12 +166,17 @@ impl RowTable<'_> {
     }
     /// Row `r` widened to f32, or `None` past the end.
     pub fn row_f32(&self, r: usize) -> Option<Vec<f32>> {
-        (r < self.rows()).then(|| self.store.read_f32(self.info, r * self.cols, (r + 1) * self.cols))
+        (r < self.rows()).then(|| {
+            self.store
+                .read_f32(self.info, r * self.cols, (r + 1) * self.cols)
+        })
     }
     /// Row `r` as bf16, or `None` past the end.
     pub fn row_bf16(&self, r: usize) -> Option<Vec<bf16>> {
-        (r < self.rows())
-            .then(|| self.store.read_bf16(self.info, r * self.cols, (r + 1) * self.cols))
+        (r < self.rows()).then(|| {
+            self.store
+                .read_bf16(self.info, r * self.cols, (r + 1) * self.cols)
+        })
     }
 }
 
@@ -184,9 +191,18 @@ pub fn expected_text_tensors(t: &TextConfig) -> Vec<(String, Vec<usize>)> {
         let l = format!("layers.{i}");
         out.push((format!("{l}.input_layernorm.weight"), vec![h]));
         out.push((format!("{l}.post_attention_layernorm.weight"), vec![h]));
-        out.push((format!("{l}.mlp.gate_proj.weight"), vec![t.intermediate_size, h]));
-        out.push((format!("{l}.mlp.up_proj.weight"), vec![t.intermediate_size, h]));
-        out.push((format!("{l}.mlp.down_proj.weight"), vec![h, t.intermediate_size]));
+        out.push((
+            format!("{l}.mlp.gate_proj.weight"),
+            vec![t.intermediate_size, h],
+        ));
+        out.push((
+            format!("{l}.mlp.up_proj.weight"),
+            vec![t.intermediate_size, h],
+        ));
+        out.push((
+            format!("{l}.mlp.down_proj.weight"),
+            vec![h, t.intermediate_size],
+        ));
         match kind {
             LayerKind::DeltaNet => {
                 let nv = t.linear_num_value_heads;
@@ -207,10 +223,22 @@ pub fn expected_text_tensors(t: &TextConfig) -> Vec<(String, Vec<usize>)> {
             LayerKind::Attention => {
                 let d = t.head_dim;
                 let a = format!("{l}.self_attn");
-                out.push((format!("{a}.q_proj.weight"), vec![t.num_attention_heads * 2 * d, h]));
-                out.push((format!("{a}.k_proj.weight"), vec![t.num_key_value_heads * d, h]));
-                out.push((format!("{a}.v_proj.weight"), vec![t.num_key_value_heads * d, h]));
-                out.push((format!("{a}.o_proj.weight"), vec![h, t.num_attention_heads * d]));
+                out.push((
+                    format!("{a}.q_proj.weight"),
+                    vec![t.num_attention_heads * 2 * d, h],
+                ));
+                out.push((
+                    format!("{a}.k_proj.weight"),
+                    vec![t.num_key_value_heads * d, h],
+                ));
+                out.push((
+                    format!("{a}.v_proj.weight"),
+                    vec![t.num_key_value_heads * d, h],
+                ));
+                out.push((
+                    format!("{a}.o_proj.weight"),
+                    vec![h, t.num_attention_heads * d],
+                ));
                 out.push((format!("{a}.q_norm.weight"), vec![d]));
                 out.push((format!("{a}.k_norm.weight"), vec![d]));
             }

@@ -111,8 +111,9 @@ impl TensorStore {
                         return Err(CheckpointError::Tensor {
                             file: dir.join(file).display().to_string(),
                             tensor: tensor.clone(),
-                            msg: "listed in model.safetensors.index.json but missing from the shard"
-                                .into(),
+                            msg:
+                                "listed in model.safetensors.index.json but missing from the shard"
+                                    .into(),
                         })
                     }
                 }
@@ -229,11 +230,14 @@ impl TensorStore {
 
     /// The tensor, checked against an expected shape.
     pub fn expect(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo, CheckpointError> {
-        let info = self.tensors.get(name).ok_or_else(|| CheckpointError::Tensor {
-            file: self.describe_files(),
-            tensor: name.to_string(),
-            msg: format!("missing (expected shape {shape:?})"),
-        })?;
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::Tensor {
+                file: self.describe_files(),
+                tensor: name.to_string(),
+                msg: format!("missing (expected shape {shape:?})"),
+            })?;
         if info.shape != shape {
             return Err(CheckpointError::Tensor {
                 file: self.file_path(info.file).display().to_string(),

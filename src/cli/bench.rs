@@ -35,11 +35,17 @@ pub fn prefill(
     meshes: &[MeshShape],
     lengths: &[usize],
     repeats: usize,
+    profile: bool,
 ) -> anyhow::Result<Vec<PrefillRow>> {
     let mut rows = Vec::new();
     for &format in formats {
         for &mesh in meshes {
-            let bb = Backbone::load(ckpt, CpuMesh::new(mesh), format)?;
+            let cpu = if profile {
+                CpuMesh::with_profile(mesh)
+            } else {
+                CpuMesh::new(mesh)
+            };
+            let bb = Backbone::load(ckpt, cpu, format)?;
             eprintln!(
                 "loaded {} weights on a {mesh} CPU mesh: {:.1} MiB",
                 format.name(),
@@ -56,8 +62,26 @@ pub fn prefill(
                 }
                 times.sort_by(|a, b| a.total_cmp(b));
                 let seconds = times[times.len() / 2];
-                eprintln!("  {n} tokens: {seconds:.3} s ({:.1} tokens/s)", n as f64 / seconds);
-                rows.push(PrefillRow { format, mesh, tokens: n, seconds });
+                eprintln!(
+                    "  {n} tokens: {seconds:.3} s ({:.1} tokens/s)",
+                    n as f64 / seconds
+                );
+                rows.push(PrefillRow {
+                    format,
+                    mesh,
+                    tokens: n,
+                    seconds,
+                });
+                if profile {
+                    let runs = (repeats.max(1) + 1) as f64;
+                    for (op, secs, calls) in bb.mesh().profile_report() {
+                        eprintln!(
+                            "    {op:20} {:8.3} s per prefill ({} calls)",
+                            secs / runs,
+                            calls as f64 / runs
+                        );
+                    }
+                }
             }
         }
     }
@@ -66,7 +90,8 @@ pub fn prefill(
 
 /// The rows as a markdown table.
 pub fn table(rows: &[PrefillRow]) -> String {
-    let mut s = String::from("| weights | mesh | tokens | seconds | tokens/s |\n|---|---|---|---|---|\n");
+    let mut s =
+        String::from("| weights | mesh | tokens | seconds | tokens/s |\n|---|---|---|---|---|\n");
     for r in rows {
         s.push_str(&format!(
             "| {} | {} | {} | {:.3} | {:.1} |\n",

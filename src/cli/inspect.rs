@@ -59,7 +59,12 @@ pub fn report(ckpt: &Checkpoint) -> anyhow::Result<(String, Vec<String>)> {
         None => writeln!(out, "vision: none")?,
     }
     // Tensor groups.
-    let mut groups: Vec<(&str, usize, usize)> = vec![("text", 0, 0), ("lm_head", 0, 0), ("visual", 0, 0), ("other", 0, 0)];
+    let mut groups: Vec<(&str, usize, usize)> = vec![
+        ("text", 0, 0),
+        ("lm_head", 0, 0),
+        ("visual", 0, 0),
+        ("other", 0, 0),
+    ];
     for (name, info) in ckpt.tensors.iter() {
         let g = if name.starts_with(TEXT_PREFIX) {
             0
@@ -73,13 +78,28 @@ pub fn report(ckpt: &Checkpoint) -> anyhow::Result<(String, Vec<String>)> {
         groups[g].1 += 1;
         groups[g].2 += info.bytes();
     }
-    writeln!(out, "files: {}", ckpt.tensors.files().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))?;
+    writeln!(
+        out,
+        "files: {}",
+        ckpt.tensors
+            .files()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
     for (g, n, bytes) in &groups {
         writeln!(out, "  {g:8} {n:5} tensors {:>14} bytes", bytes)?;
     }
-    writeln!(out, "  mtp      {:5} tensors skipped", ckpt.tensors.skipped())?;
+    writeln!(
+        out,
+        "  mtp      {:5} tensors skipped",
+        ckpt.tensors.skipped()
+    )?;
     if groups[3].1 > 0 {
-        problems.push(format!("{} tensors outside the text model, LM head, vision tower and mtp", groups[3].1));
+        problems.push(format!(
+            "{} tensors outside the text model, LM head, vision tower and mtp",
+            groups[3].1
+        ));
     }
     // Head.
     match &ckpt.head {
@@ -98,9 +118,17 @@ pub fn report(ckpt: &Checkpoint) -> anyhow::Result<(String, Vec<String>)> {
     // Tokenizer.
     let tok = ckpt.tokenizer()?;
     let vocab = tok.get_vocab_size(true);
-    writeln!(out, "tokenizer: {} ({} tokens with added ones)", ckpt.tokenizer_path.display(), vocab)?;
+    writeln!(
+        out,
+        "tokenizer: {} ({} tokens with added ones)",
+        ckpt.tokenizer_path.display(),
+        vocab
+    )?;
     if vocab > t.vocab_size {
-        problems.push(format!("the tokenizer has {vocab} tokens but the embedding only {} rows", t.vocab_size));
+        problems.push(format!(
+            "the tokenizer has {vocab} tokens but the embedding only {} rows",
+            t.vocab_size
+        ));
     }
     let mut ids = Vec::new();
     for s in SPECIAL_TOKENS {
@@ -113,12 +141,22 @@ pub fn report(ckpt: &Checkpoint) -> anyhow::Result<(String, Vec<String>)> {
     for (field, want, token) in [
         ("image_token_id", c.image_token_id, "<|image_pad|>"),
         ("video_token_id", c.video_token_id, "<|video_pad|>"),
-        ("vision_start_token_id", c.vision_start_token_id, "<|vision_start|>"),
-        ("vision_end_token_id", c.vision_end_token_id, "<|vision_end|>"),
+        (
+            "vision_start_token_id",
+            c.vision_start_token_id,
+            "<|vision_start|>",
+        ),
+        (
+            "vision_end_token_id",
+            c.vision_end_token_id,
+            "<|vision_end|>",
+        ),
     ] {
         if let (Some(want), Some(got)) = (want, tok.token_to_id(token)) {
             if want != got {
-                problems.push(format!("config {field} is {want} but the tokenizer's {token} is {got}"));
+                problems.push(format!(
+                    "config {field} is {want} but the tokenizer's {token} is {got}"
+                ));
             }
         }
     }

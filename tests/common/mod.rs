@@ -8,7 +8,9 @@ pub fn fixtures() -> PathBuf {
 }
 
 /// Every tensor of a safetensors file, as (shape, f32 values) — i64 tensors are widened too.
-pub fn read_tensors(path: &std::path::Path) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
+pub fn read_tensors(
+    path: &std::path::Path,
+) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
@@ -38,8 +40,14 @@ pub fn max_rel_row_error(got: &[f32], want: &[f32], cols: usize) -> f32 {
     got.chunks(cols)
         .zip(want.chunks(cols))
         .map(|(g, w)| {
-            let rms = (w.iter().map(|v| v * v).sum::<f32>() / cols as f32).sqrt().max(1e-12);
-            g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max) / rms
+            let rms = (w.iter().map(|v| v * v).sum::<f32>() / cols as f32)
+                .sqrt()
+                .max(1e-12);
+            g.iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+                / rms
         })
         .fold(0.0f32, f32::max)
 }

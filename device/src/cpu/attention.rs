@@ -1,5 +1,6 @@
 //! Causal softmax attention of one device's heads over its KV cache (GQA), fp32.
 
+use super::denormals::FlushDenormals;
 use super::matmul::small_matmul;
 use crate::AttentionSpec;
 use rayon::prelude::*;
@@ -9,12 +10,18 @@ const QUERY_BLOCK: usize = 256;
 
 /// `q` `[T, heads*d]` at positions `start..start+T` where `start = S - T`; `keys`, `values`
 /// `[S, kv_heads*d]`. Returns `[T, heads*d]`.
-pub fn causal(q: &[f32], keys: &[f32], values: &[f32], seq: usize, spec: &AttentionSpec) -> Vec<f32> {
+pub fn causal(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    seq: usize,
+    spec: &AttentionSpec,
+) -> Vec<f32> {
     let d = spec.head_dim;
     let (nh, nkv) = (spec.heads, spec.kv_heads);
     let width = nh * d;
     let kv_width = nkv * d;
-    let t = if width == 0 { 0 } else { q.len() / width };
+    let t = q.len().checked_div(width).unwrap_or(0);
     let start = seq - t;
     let group = nh / nkv.max(1);
     let scale = (d as f32).powf(-0.5);
@@ -26,6 +33,7 @@ pub fn causal(q: &[f32], keys: &[f32], values: &[f32], seq: usize, spec: &Attent
     let results: Vec<(usize, usize, Vec<f32>)> = tasks
         .par_iter()
         .map(|&(h, r0)| {
+            let _ftz = FlushDenormals::new();
             let r1 = (r0 + QUERY_BLOCK).min(t);
             let rows = r1 - r0;
             let kvh = h / group;

@@ -4,6 +4,7 @@
 //! Inputs of one head: `q`, `k` `[T, dk]` (already L2-normalised; q scaled), `v` `[T, dv]`,
 //! the log-decay `g` `[T]` and `beta` `[T]`; the state `S` is `[dk, dv]`, fp32.
 
+use super::denormals::FlushDenormals;
 use super::matmul::small_matmul;
 
 /// Chunk length of the chunked form (as in Hugging Face's `torch_chunk_gated_delta_rule`).
@@ -28,6 +29,7 @@ impl HeadInputs<'_> {
 
 /// Token loop: `S ← e^{g}S; u = β(v − Sᵀk); S ← S + k⊗u; o = Sᵀq`. Writes `out` `[T, dv]`.
 pub fn recurrent(h: &HeadInputs, state: &mut [f32], out: &mut [f32]) {
+    let _ftz = FlushDenormals::new();
     let (dk, dv) = (h.key_dim, h.value_dim);
     let mut u = vec![0.0f32; dv];
     for t in 0..h.len() {
@@ -60,12 +62,19 @@ pub fn recurrent(h: &HeadInputs, state: &mut [f32], out: &mut [f32]) {
 /// corrected values with forward substitution, then read and update the state with matmuls.
 /// A shorter last chunk is exact (Hugging Face zero-pads it, which changes nothing).
 pub fn chunked(h: &HeadInputs, state: &mut [f32], out: &mut [f32]) {
+    let _ftz = FlushDenormals::new();
     let (dk, dv) = (h.key_dim, h.value_dim);
     let mut w = Workspace::new(dk, dv);
     let mut start = 0;
     while start < h.len() {
         let len = CHUNK.min(h.len() - start);
-        w.chunk(h, start, len, state, &mut out[start * dv..(start + len) * dv]);
+        w.chunk(
+            h,
+            start,
+            len,
+            state,
+            &mut out[start * dv..(start + len) * dv],
+        );
         start += len;
     }
 }
@@ -146,7 +155,19 @@ impl Workspace {
             }
         }
         small_matmul(n, dv, n, &mut self.u, false, t, n, 1, &self.vbeta, dv, 1);
-        small_matmul(n, dk, n, &mut self.wk, false, t, n, 1, &self.kbeta_decay, dk, 1);
+        small_matmul(
+            n,
+            dk,
+            n,
+            &mut self.wk,
+            false,
+            t,
+            n,
+            1,
+            &self.kbeta_decay,
+            dk,
+            1,
+        );
         // v_new = U − Wk S.
         for x in self.wk[..n * dk].iter_mut() {
             *x = -*x;
@@ -192,7 +213,9 @@ mod tests {
 
     /// A deterministic pseudo-random sequence in [-1, 1).
     fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
                 x = x
@@ -234,8 +257,16 @@ mod tests {
         let (mut o1, mut o2) = (vec![0.0; t * dv], vec![0.0; t * dv]);
         recurrent(&h, &mut s1, &mut o1);
         chunked(&h, &mut s2, &mut o2);
-        let max_o = o1.iter().zip(&o2).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-        let max_s = s1.iter().zip(&s2).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let max_o = o1
+            .iter()
+            .zip(&o2)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let max_s = s1
+            .iter()
+            .zip(&s2)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
         assert!(max_o < 1e-5, "output differs by {max_o}");
         assert!(max_s < 1e-5, "state differs by {max_s}");
     }

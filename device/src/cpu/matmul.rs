@@ -58,7 +58,10 @@ impl PackedWeight {
             WeightFormat::Bf16 => {
                 let bits: Vec<u16> = match &w.data {
                     WeightData::Bf16(v) => v.iter().map(|b| b.to_bits()).collect(),
-                    WeightData::F32(v) => v.iter().map(|&f| half::bf16::from_f32(f).to_bits()).collect(),
+                    WeightData::F32(v) => v
+                        .iter()
+                        .map(|&f| half::bf16::from_f32(f).to_bits())
+                        .collect(),
                 };
                 let mut d = vec![0u16; len];
                 for row in 0..n {
@@ -105,33 +108,66 @@ pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
     let fast = std::arch::is_x86_feature_detected!("avx512f");
     #[cfg(not(target_arch = "x86_64"))]
     let fast = false;
+    // Token blocks of MR rows, interleaved [block][k][MR], so a tile's broadcasts walk one
+    // contiguous stream; shared by every task.
+    let packed_x = if fast {
+        pack_token_blocks(x, rows, w.k)
+    } else {
+        Vec::new()
+    };
     groups.par_iter().for_each(|&first| {
         let last = (first + PANELS_PER_TASK).min(w.panels());
-        let out = out;
         // SAFETY: each task writes only the columns of its own panels; `x` is `[rows, k]` and
         // `y` is `[rows, n]` (checked by the caller), panel offsets stay inside the packing.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             if fast {
-                avx512::panels(x, rows, w, first, last, out.0);
+                avx512::panels(&packed_x, rows, w, first, last, out.ptr());
                 return;
             }
             let _ = fast;
-            portable_panels(x, rows, w, first, last, out.0);
+            portable_panels(x, rows, w, first, last, out.ptr());
         }
     });
     y
 }
 
+/// `x[rows, k]` as `[ceil(rows/MR)][k][MR]`, zero-padded.
+fn pack_token_blocks(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+    let blocks = rows.div_ceil(MR);
+    let mut out = vec![0.0f32; blocks * k * MR];
+    out.par_chunks_mut(k * MR)
+        .enumerate()
+        .for_each(|(b, block)| {
+            for r in 0..MR.min(rows - b * MR) {
+                let src = &x[(b * MR + r) * k..(b * MR + r + 1) * k];
+                for (kk, v) in src.iter().enumerate() {
+                    block[kk * MR + r] = *v;
+                }
+            }
+        });
+    out
+}
+
 /// Panels `[first, last)` with `gemm` (any CPU).
-unsafe fn portable_panels(x: &[f32], rows: usize, w: &PackedWeight, first: usize, last: usize, y: *mut f32) {
+unsafe fn portable_panels(
+    x: &[f32],
+    rows: usize,
+    w: &PackedWeight,
+    first: usize,
+    last: usize,
+    y: *mut f32,
+) {
     let (n, k) = (w.n, w.k);
     let mut scratch = vec![0.0f32; k * PANEL];
     for p in first..last {
         let panel: &[f32] = match &w.data {
             PanelData::F32(d) => &d[p * k * PANEL..(p + 1) * k * PANEL],
             PanelData::Bf16(d) => {
-                for (s, b) in scratch.iter_mut().zip(&d[p * k * PANEL..(p + 1) * k * PANEL]) {
+                for (s, b) in scratch
+                    .iter_mut()
+                    .zip(&d[p * k * PANEL..(p + 1) * k * PANEL])
+                {
                     *s = f32::from_bits((*b as u32) << 16);
                 }
                 &scratch
@@ -170,7 +206,14 @@ mod avx512 {
     /// Panels `[first, last)`: for each block of `KC` input channels, every panel, every tile
     /// of `MR` tokens.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn panels(x: &[f32], rows: usize, w: &PackedWeight, first: usize, last: usize, y: *mut f32) {
+    pub unsafe fn panels(
+        xp: &[f32],
+        rows: usize,
+        w: &PackedWeight,
+        first: usize,
+        last: usize,
+        y: *mut f32,
+    ) {
         let (n, k) = (w.n, w.k);
         let mut k0 = 0;
         while k0 < k {
@@ -180,13 +223,32 @@ mod avx512 {
                 let mut r0 = 0;
                 while r0 < rows {
                     let m = MR.min(rows - r0);
-                    let a = x.as_ptr().add(r0 * k + k0);
+                    // Token block r0/MR, input channel k0 of the packed x.
+                    let a = xp.as_ptr().add(r0 * k + k0 * MR);
                     let c = y.add(r0 * n + p * PANEL);
                     let acc = k0 > 0;
-                    let t = Tile { a, a_rs: k, a_cs: 1, ldb: PANEL, kc, c, ldc: n, cols, accumulate: acc };
+                    let t = Tile {
+                        a,
+                        a_rs: 1,
+                        a_cs: MR,
+                        ldb: PANEL,
+                        kc,
+                        c,
+                        ldc: n,
+                        cols,
+                        accumulate: acc,
+                    };
                     match &w.data {
-                        PanelData::F32(d) => dispatch::<false>(m, &t, d.as_ptr().add((p * k + k0) * PANEL) as *const u8),
-                        PanelData::Bf16(d) => dispatch::<true>(m, &t, d.as_ptr().add((p * k + k0) * PANEL) as *const u8),
+                        PanelData::F32(d) => dispatch::<false, true>(
+                            m,
+                            &t,
+                            d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
+                        ),
+                        PanelData::Bf16(d) => dispatch::<true, true>(
+                            m,
+                            &t,
+                            d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
+                        ),
                     }
                     r0 += m;
                 }
@@ -231,7 +293,7 @@ mod avx512 {
                         cols,
                         accumulate: accumulate || k0 > 0,
                     };
-                    dispatch::<false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
+                    dispatch::<false, false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
                     r0 += rows;
                 }
                 k0 += kc;
@@ -255,11 +317,11 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn dispatch<const BF16: bool>(m: usize, t: &Tile, b: *const u8) {
+    unsafe fn dispatch<const BF16: bool, const PACKED_A: bool>(m: usize, t: &Tile, b: *const u8) {
         macro_rules! go {
             ($($m:literal)*) => {
                 match m {
-                    $($m => tile::<$m, BF16>(t, b),)*
+                    $($m => tile::<$m, BF16, PACKED_A>(t, b),)*
                     _ => {}
                 }
             };
@@ -268,7 +330,11 @@ mod avx512 {
     }
 
     fn masks(cols: usize) -> (__mmask16, __mmask16) {
-        let lo = if cols >= 16 { 0xffff } else { ((1u32 << cols) - 1) as __mmask16 };
+        let lo = if cols >= 16 {
+            0xffff
+        } else {
+            ((1u32 << cols) - 1) as __mmask16
+        };
         let hi = if cols >= 32 {
             0xffff
         } else if cols <= 16 {
@@ -279,10 +345,12 @@ mod avx512 {
         (lo, hi)
     }
 
-    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`.
+    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`. With
+    /// `PACKED_A`, `a` is a token block `[kc][MR]` and its offsets are constants.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn tile<const M: usize, const BF16: bool>(t: &Tile, b: *const u8) {
+    unsafe fn tile<const M: usize, const BF16: bool, const PACKED_A: bool>(t: &Tile, b: *const u8) {
+        let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (t.a_rs, t.a_cs) };
         let mut lo = [_mm512_setzero_ps(); M];
         let mut hi = [_mm512_setzero_ps(); M];
         let (mask_lo, mask_hi) = masks(t.cols);
@@ -298,11 +366,14 @@ mod avx512 {
                 )
             } else {
                 let p = b.add(kk * t.ldb * 4) as *const f32;
-                (_mm512_maskz_loadu_ps(mask_lo, p), _mm512_maskz_loadu_ps(mask_hi, p.add(16)))
+                (
+                    _mm512_maskz_loadu_ps(mask_lo, p),
+                    _mm512_maskz_loadu_ps(mask_hi, p.add(16)),
+                )
             };
-            let a = t.a.add(kk * t.a_cs);
+            let a = t.a.add(kk * a_cs);
             for r in 0..M {
-                let av = _mm512_set1_ps(*a.add(r * t.a_rs));
+                let av = _mm512_set1_ps(*a.add(r * a_rs));
                 lo[r] = _mm512_fmadd_ps(av, b0, lo[r]);
                 hi[r] = _mm512_fmadd_ps(av, b1, hi[r]);
             }
@@ -346,8 +417,14 @@ pub fn small_matmul(
         return;
     }
     assert!(c.len() >= m * n, "small_matmul: output too small");
-    assert!(a.len() > (m - 1) * a_row_stride + (k - 1) * a_col_stride, "small_matmul: a too small");
-    assert!(b.len() > (k - 1) * b_row_stride + (n - 1) * b_col_stride, "small_matmul: b too small");
+    assert!(
+        a.len() > (m - 1) * a_row_stride + (k - 1) * a_col_stride,
+        "small_matmul: a too small"
+    );
+    assert!(
+        b.len() > (k - 1) * b_row_stride + (n - 1) * b_col_stride,
+        "small_matmul: b too small"
+    );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // The tile kernel wants unit column stride in `b`: transpose it once if needed.
@@ -367,7 +444,18 @@ pub fn small_matmul(
         // SAFETY: the assertions above bound every access to `a` and `c`; `b_ptr` is either
         // `b` with unit column stride (bounded likewise) or the dense `[k, n]` transposition.
         unsafe {
-            avx512::small(m, n, k, c.as_mut_ptr(), accumulate, a.as_ptr(), a_row_stride, a_col_stride, b_ptr, ldb)
+            avx512::small(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                accumulate,
+                a.as_ptr(),
+                a_row_stride,
+                a_col_stride,
+                b_ptr,
+                ldb,
+            )
         };
         return;
     }
@@ -399,6 +487,13 @@ pub fn small_matmul(
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
+
+impl SendPtr {
+    /// Through a method, so closures capture the whole `Send` wrapper, not its raw field.
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: used only to hand disjoint output columns to rayon tasks.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
@@ -419,8 +514,12 @@ mod tests {
     }
 
     fn check(rows: usize, n: usize, k: usize) {
-        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0).collect();
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0)
+            .collect();
         let want = naive(&x, rows, &w, n, k);
         let tol = 1e-5 * k as f32;
         for format in [WeightFormat::F32, WeightFormat::Bf16] {

@@ -4,7 +4,9 @@
 
 mod attention;
 pub mod delta_rule;
+mod denormals;
 pub mod matmul;
+mod profile;
 
 use crate::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
@@ -55,11 +57,35 @@ pub struct CpuWeight {
 #[derive(Clone, Debug)]
 pub struct CpuMesh {
     shape: MeshShape,
+    profile: Option<std::sync::Arc<profile::OpProfile>>,
 }
 
 impl CpuMesh {
     pub fn new(shape: MeshShape) -> Self {
-        CpuMesh { shape }
+        CpuMesh {
+            shape,
+            profile: None,
+        }
+    }
+
+    /// A mesh that adds up the wall time of every op (`CpuMesh::profile_report` reads it).
+    pub fn with_profile(shape: MeshShape) -> Self {
+        CpuMesh {
+            shape,
+            profile: Some(Default::default()),
+        }
+    }
+
+    /// Seconds per op since the mesh was made, largest first (empty without profiling).
+    pub fn profile_report(&self) -> Vec<(&'static str, f64, u64)> {
+        self.profile
+            .as_ref()
+            .map(|p| p.report())
+            .unwrap_or_default()
+    }
+
+    fn timer(&self, op: &'static str) -> Option<profile::Timer<'_>> {
+        self.profile.as_deref().map(|p| p.start(op))
     }
 
     fn devices(&self) -> usize {
@@ -67,10 +93,7 @@ impl CpuMesh {
     }
 
     /// Run `f` on every device's shard (one rayon task per device).
-    fn per_device<T: Send>(
-        &self,
-        f: impl Fn(usize) -> Result<T> + Sync + Send,
-    ) -> Result<Vec<T>> {
+    fn per_device<T: Send>(&self, f: impl Fn(usize) -> Result<T> + Sync + Send) -> Result<Vec<T>> {
         if self.devices() == 1 {
             return Ok(vec![f(0)?]);
         }
@@ -130,6 +153,9 @@ impl CpuMesh {
         }
     }
 }
+
+/// Elements per rayon task in row-wise elementwise ops.
+const ROW_BLOCK: usize = 1 << 14;
 
 fn shape(op: &'static str, detail: String) -> DeviceError {
     DeviceError::Shape { op, detail }
@@ -200,7 +226,11 @@ impl MeshOps for CpuMesh {
                         return Err(shape("gather", "shards of different widths".into()));
                     }
                     let rows = t.shards.iter().map(|s| s.rows).sum();
-                    let data = t.shards.iter().flat_map(|s| s.data.iter().copied()).collect();
+                    let data = t
+                        .shards
+                        .iter()
+                        .flat_map(|s| s.data.iter().copied())
+                        .collect();
                     Ok(HostTensor::new(rows, cols, data))
                 }
                 GatherAxis::Cols => {
@@ -263,6 +293,7 @@ impl MeshOps for CpuMesh {
     }
 
     fn linear(&self, x: &CpuTensor, w: &CpuWeight) -> Result<CpuTensor> {
+        let _t = self.timer("linear");
         let placement = match x.placement {
             Placement::Replicated => Placement::Sharded,
             Placement::Sharded => Placement::Partial,
@@ -295,6 +326,7 @@ impl MeshOps for CpuMesh {
     }
 
     fn all_reduce(&self, x: &CpuTensor) -> Result<CpuTensor> {
+        let _t = self.timer("all_reduce");
         match x.placement {
             Placement::Replicated => Ok(x.clone()),
             Placement::Sharded => Err(layout("all_reduce", "partial", x.placement)),
@@ -311,6 +343,7 @@ impl MeshOps for CpuMesh {
     }
 
     fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Result<Vec<CpuTensor>> {
+        let _t = self.timer("split_cols");
         if x.placement == Placement::Partial {
             return Err(layout("split_cols", "complete", x.placement));
         }
@@ -343,9 +376,15 @@ impl MeshOps for CpuMesh {
     }
 
     fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
+        let _t = self.timer("add");
         self.elementwise("add", &[a, b], |_, p| {
             Self::same_shape("add", p[0], p[1])?;
-            let data = p[0].data.iter().zip(&p[1].data).map(|(x, y)| x + y).collect();
+            let data = p[0]
+                .data
+                .iter()
+                .zip(&p[1].data)
+                .map(|(x, y)| x + y)
+                .collect();
             Ok(HostTensor::new(p[0].rows, p[0].cols, data))
         })
     }
@@ -358,34 +397,51 @@ impl MeshOps for CpuMesh {
         eps: f32,
         one_plus: bool,
     ) -> Result<CpuTensor> {
+        let _t = self.timer("rms_norm");
         self.elementwise("rms_norm", &[x], |d, p| {
             let offset = if one_plus { 1.0 } else { 0.0 };
-            let w: Vec<f32> = Self::vector("rms_norm", w, d, group)?.iter().map(|v| v + offset).collect();
-            if group == 0 || p[0].cols % group != 0 {
-                return Err(shape("rms_norm", format!("{} columns in groups of {group}", p[0].cols)));
+            let w: Vec<f32> = Self::vector("rms_norm", w, d, group)?
+                .iter()
+                .map(|v| v + offset)
+                .collect();
+            if group == 0 || !p[0].cols.is_multiple_of(group) {
+                return Err(shape(
+                    "rms_norm",
+                    format!("{} columns in groups of {group}", p[0].cols),
+                ));
             }
             let mut out = p[0].clone();
-            for g in out.data.chunks_mut(group) {
-                let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                g.iter_mut().zip(&w).for_each(|(v, wv)| *v = *v * inv * wv);
-            }
+            out.data
+                .par_chunks_mut(group * ROW_BLOCK.div_ceil(group).max(1))
+                .for_each(|block| {
+                    for g in block.chunks_mut(group) {
+                        let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        g.iter_mut().zip(&w).for_each(|(v, wv)| *v = *v * inv * wv);
+                    }
+                });
             Ok(out)
         })
     }
 
     fn swiglu(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
+        let _t = self.timer("swiglu");
         self.elementwise("swiglu", &[gate_up], |_, p| {
             let s = p[0];
-            if s.cols % 2 != 0 {
-                return Err(shape("swiglu", format!("{} columns are not [gate | up]", s.cols)));
+            if !s.cols.is_multiple_of(2) {
+                return Err(shape(
+                    "swiglu",
+                    format!("{} columns are not [gate | up]", s.cols),
+                ));
             }
             let half = s.cols / 2;
-            let mut data = Vec::with_capacity(s.rows * half);
-            for r in 0..s.rows {
+            let mut data = vec![0.0f32; s.rows * half];
+            data.par_chunks_mut(half).enumerate().for_each(|(r, out)| {
                 let row = s.row(r);
-                data.extend(row[..half].iter().zip(&row[half..]).map(|(g, u)| silu(*g) * u));
-            }
+                for ((o, g), u) in out.iter_mut().zip(&row[..half]).zip(&row[half..]) {
+                    *o = silu(*g) * u;
+                }
+            });
             Ok(HostTensor::new(s.rows, half, data))
         })
     }
@@ -396,6 +452,7 @@ impl MeshOps for CpuMesh {
         heads: usize,
         head_dim: usize,
     ) -> Result<(CpuTensor, CpuTensor)> {
+        let _t = self.timer("split_query_gate");
         let q = self.elementwise("split_query_gate", &[qg], |_, p| {
             pick_half(p[0], heads, head_dim, 0)
         })?;
@@ -406,6 +463,7 @@ impl MeshOps for CpuMesh {
     }
 
     fn rope(&self, x: &CpuTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<CpuTensor> {
+        let _t = self.timer("rope");
         let half = spec.rotary_dim / 2;
         // Inverse frequencies in f32, as PyTorch computes them.
         let inv: Vec<f32> = (0..half)
@@ -463,12 +521,16 @@ impl MeshOps for CpuMesh {
     }
 
     fn append_rows(&self, cache: Option<&CpuTensor>, new: &CpuTensor) -> Result<CpuTensor> {
+        let _t = self.timer("append_rows");
         let Some(cache) = cache else {
             return Ok(new.clone());
         };
         self.elementwise("append_rows", &[cache, new], |_, p| {
             if p[0].cols != p[1].cols {
-                return Err(shape("append_rows", format!("{} vs {} columns", p[0].cols, p[1].cols)));
+                return Err(shape(
+                    "append_rows",
+                    format!("{} vs {} columns", p[0].cols, p[1].cols),
+                ));
             }
             let mut data = Vec::with_capacity(p[0].data.len() + p[1].data.len());
             data.extend_from_slice(&p[0].data);
@@ -484,6 +546,7 @@ impl MeshOps for CpuMesh {
         values: &CpuTensor,
         spec: &AttentionSpec,
     ) -> Result<CpuTensor> {
+        let _t = self.timer("causal_attention");
         self.elementwise("causal_attention", &[q, keys, values], |_, p| {
             let (q, k, v) = (p[0], p[1], p[2]);
             let kvw = spec.kv_heads * spec.head_dim;
@@ -493,11 +556,14 @@ impl MeshOps for CpuMesh {
                 || k.rows != v.rows
                 || k.rows < q.rows
                 || spec.kv_heads == 0
-                || spec.heads % spec.kv_heads != 0
+                || !spec.heads.is_multiple_of(spec.kv_heads)
             {
                 return Err(shape(
                     "causal_attention",
-                    format!("q {}x{}, k {}x{}, v {}x{}", q.rows, q.cols, k.rows, k.cols, v.rows, v.cols),
+                    format!(
+                        "q {}x{}, k {}x{}, v {}x{}",
+                        q.rows, q.cols, k.rows, k.cols, v.rows, v.cols
+                    ),
                 ));
             }
             let out = attention::causal(&q.data, &k.data, &v.data, k.rows, spec);
@@ -506,9 +572,15 @@ impl MeshOps for CpuMesh {
     }
 
     fn mul_sigmoid(&self, x: &CpuTensor, gate: &CpuTensor) -> Result<CpuTensor> {
+        let _t = self.timer("mul_sigmoid");
         self.elementwise("mul_sigmoid", &[x, gate], |_, p| {
             Self::same_shape("mul_sigmoid", p[0], p[1])?;
-            let data = p[0].data.iter().zip(&p[1].data).map(|(x, g)| x * sigmoid(*g)).collect();
+            let data = p[0]
+                .data
+                .iter()
+                .zip(&p[1].data)
+                .map(|(x, g)| x * sigmoid(*g))
+                .collect();
             Ok(HostTensor::new(p[0].rows, p[0].cols, data))
         })
     }
@@ -520,6 +592,7 @@ impl MeshOps for CpuMesh {
         carry: Option<&CpuTensor>,
         kernel: usize,
     ) -> Result<(CpuTensor, CpuTensor)> {
+        let _t = self.timer("causal_conv1d_silu");
         let keep = kernel.saturating_sub(1);
         let pairs = self.per_device(|d| {
             let xs = &x.shards[d];
@@ -592,6 +665,7 @@ impl MeshOps for CpuMesh {
         a_log: &CpuWeight,
         dt_bias: &CpuWeight,
     ) -> Result<(CpuTensor, CpuTensor)> {
+        let _t = self.timer("delta_gates");
         let g = self.elementwise("delta_gates", &[a], |d, p| {
             let nv = p[0].cols;
             let alog = Self::vector("delta_gates", a_log, d, nv)?;
@@ -620,6 +694,7 @@ impl MeshOps for CpuMesh {
         state: Option<&CpuTensor>,
         spec: &DeltaNetSpec,
     ) -> Result<(CpuTensor, CpuTensor)> {
+        let _t = self.timer("gated_delta_rule");
         let pairs = self.per_device(|d| {
             delta_rule_device(
                 &qkv.shards[d],
@@ -655,20 +730,30 @@ impl MeshOps for CpuMesh {
         group: usize,
         eps: f32,
     ) -> Result<CpuTensor> {
+        let _t = self.timer("gated_rms_norm");
         self.elementwise("gated_rms_norm", &[x, z], |d, p| {
             Self::same_shape("gated_rms_norm", p[0], p[1])?;
             let w = Self::vector("gated_rms_norm", w, d, group)?;
-            if group == 0 || p[0].cols % group != 0 {
-                return Err(shape("gated_rms_norm", format!("{} columns in groups of {group}", p[0].cols)));
+            if group == 0 || !p[0].cols.is_multiple_of(group) {
+                return Err(shape(
+                    "gated_rms_norm",
+                    format!("{} columns in groups of {group}", p[0].cols),
+                ));
             }
             let mut out = p[0].clone();
-            for (g, zg) in out.data.chunks_mut(group).zip(p[1].data.chunks(group)) {
-                let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                for ((v, wv), zv) in g.iter_mut().zip(w).zip(zg) {
-                    *v = wv * (*v * inv) * silu(*zv);
-                }
-            }
+            let block = group * ROW_BLOCK.div_ceil(group).max(1);
+            out.data
+                .par_chunks_mut(block)
+                .zip(p[1].data.par_chunks(block))
+                .for_each(|(xb, zb)| {
+                    for (g, zg) in xb.chunks_mut(group).zip(zb.chunks(group)) {
+                        let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        for ((v, wv), zv) in g.iter_mut().zip(w).zip(zg) {
+                            *v = wv * (*v * inv) * silu(*zv);
+                        }
+                    }
+                });
             Ok(out)
         })
     }
@@ -679,7 +764,10 @@ fn pick_half(s: &HostTensor, heads: usize, d: usize, half: usize) -> Result<Host
     if s.cols != heads * 2 * d {
         return Err(shape(
             "split_query_gate",
-            format!("{} columns for {heads} heads of [query | gate] x {d}", s.cols),
+            format!(
+                "{} columns for {heads} heads of [query | gate] x {d}",
+                s.cols
+            ),
         ));
     }
     let mut data = Vec::with_capacity(s.rows * heads * d);
@@ -701,7 +789,12 @@ fn delta_rule_device(
     state: Option<&HostTensor>,
     spec: &DeltaNetSpec,
 ) -> Result<(HostTensor, HostTensor)> {
-    let (nk, nv, dk, dv) = (spec.key_heads, spec.value_heads, spec.key_dim, spec.value_dim);
+    let (nk, nv, dk, dv) = (
+        spec.key_heads,
+        spec.value_heads,
+        spec.key_dim,
+        spec.value_dim,
+    );
     let t = qkv.rows;
     if qkv.cols != spec.conv_channels()
         || g.cols != nv
@@ -709,16 +802,22 @@ fn delta_rule_device(
         || g.rows != t
         || beta.rows != t
         || nk == 0
-        || nv % nk != 0
+        || !nv.is_multiple_of(nk)
     {
         return Err(shape(
             "gated_delta_rule",
-            format!("qkv {}x{}, g {}x{}, beta {}x{}", qkv.rows, qkv.cols, g.rows, g.cols, beta.rows, beta.cols),
+            format!(
+                "qkv {}x{}, g {}x{}, beta {}x{}",
+                qkv.rows, qkv.cols, g.rows, g.cols, beta.rows, beta.cols
+            ),
         ));
     }
     if let Some(s) = state {
         if s.rows != nv * dk || s.cols != dv {
-            return Err(shape("gated_delta_rule", format!("state {}x{}", s.rows, s.cols)));
+            return Err(shape(
+                "gated_delta_rule",
+                format!("state {}x{}", s.rows, s.cols),
+            ));
         }
     }
     let ratio = nv / nk;
