@@ -1,9 +1,15 @@
 //! clef-tt: a server for Cloudflare's Clef decision models.
 //!
-//! The host side lives here, one module per concern: `checkpoint` reads a Hugging Face
-//! snapshot, `backbone` runs the Qwen3.5 prefill over a `clef-device` mesh following a
-//! tensor-parallel plan, `random` writes the random benchmark checkpoints.
+//! The host side lives here, one module per concern, in the order a request flows:
+//! `api` parses and validates bodies, `encode` renders them into token ids and spans,
+//! `engine` runs a request through the `backbone` (the Qwen3.5 prefill over a `clef-device`
+//! mesh, following a tensor-parallel plan) and the `head` (the joint schema head and answer
+//! shaping). `checkpoint` reads a Hugging Face snapshot; `random` writes benchmark checkpoints.
 
+pub mod api;
 pub mod backbone;
 pub mod checkpoint;
+pub mod encode;
+pub mod engine;
+pub mod head;
 pub mod random;

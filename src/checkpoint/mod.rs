@@ -25,6 +25,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 
+/// The pre-tokenizer split of transformers' `Qwen2Tokenizer` for Qwen3.5 vocabularies: letters
+/// and combining marks form one run. The reference loads Clef's tokenizer through that class
+/// (`tokenizer_config.json` names it), which installs this split whatever `tokenizer.json`
+/// says; the released file carries the older Qwen2 form without `\p{M}`. The goldens settle it:
+/// Devanagari, Hebrew points and other marks tokenize as with this pattern.
+const QWEN2_TOKENIZER_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Prefix of the text model's tensors in a `Qwen3_5ForConditionalGeneration` checkpoint.
 pub const TEXT_PREFIX: &str = "model.language_model.";
 /// Prefix of the vision tower's tensors.
@@ -114,14 +121,29 @@ impl Checkpoint {
         })
     }
 
-    /// Load the tokenizer (`tokenizer.json`, HF `tokenizers`).
+    /// Load the tokenizer (`tokenizer.json`, HF `tokenizers`) with the pipeline the reference
+    /// gets from transformers (see [`QWEN2_TOKENIZER_SPLIT`]).
     pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer, CheckpointError> {
-        tokenizers::Tokenizer::from_file(&self.tokenizer_path).map_err(|e| {
-            CheckpointError::Tokenizer {
-                file: self.tokenizer_path.display().to_string(),
-                msg: e.to_string(),
+        let err = |msg: String| CheckpointError::Tokenizer {
+            file: self.tokenizer_path.display().to_string(),
+            msg,
+        };
+        let text = std::fs::read_to_string(&self.tokenizer_path).map_err(|e| err(e.to_string()))?;
+        let mut json: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        if self.tokenizer_class().as_deref() == Some("Qwen2Tokenizer") {
+            if let Some(p) = json.pointer_mut("/pre_tokenizer/pretokenizers/0/pattern/Regex") {
+                *p = serde_json::Value::from(QWEN2_TOKENIZER_SPLIT);
             }
-        })
+        }
+        let text = serde_json::to_string(&json).map_err(|e| err(e.to_string()))?;
+        text.parse::<tokenizers::Tokenizer>().map_err(|e| err(e.to_string()))
+    }
+
+    /// `tokenizer_class` of `tokenizer_config.json`, when the file exists.
+    pub fn tokenizer_class(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.dir.join("tokenizer_config.json")).ok()?;
+        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+        json.get("tokenizer_class")?.as_str().map(str::to_string)
     }
 
     /// The LM head as a row table read on demand from the mapped file.

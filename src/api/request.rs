@@ -1,0 +1,216 @@
+//! `POST /v1/systemone` bodies: parsing that keeps what the reference sees (object key order,
+//! int/float distinction, exact big integers, duplicate keys as last value at first position),
+//! and validation in the reference's order with its messages, plus clear errors where the
+//! reference would crash.
+
+use super::ApiError;
+use serde_json::Value;
+
+/// The three question types, with the head's type-embedding index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuestionType {
+    Noul = 0,
+    Choice = 1,
+    Score = 2,
+}
+
+impl QuestionType {
+    pub fn name(&self) -> &'static str {
+        match self {
+            QuestionType::Noul => "noul",
+            QuestionType::Choice => "choice",
+            QuestionType::Score => "score",
+        }
+    }
+}
+
+/// One validated question.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Question {
+    pub id: String,
+    pub kind: QuestionType,
+    /// As given (`None` when absent).
+    pub instructions: Option<Value>,
+    /// As given (`None` when absent).
+    pub criteria: Option<Value>,
+}
+
+/// A validated request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SystemOneRequest {
+    pub model: String,
+    pub state: Value,
+    pub questions: Vec<Question>,
+    /// `truncate` of the body (`None` when absent).
+    pub truncate: Option<bool>,
+    /// Whether `images` or `videos` is non-empty.
+    pub has_media: bool,
+}
+
+/// Bounds that protect the host (configurable; the reference has none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostLimits {
+    pub max_questions: usize,
+    pub max_choice_options: usize,
+    pub max_score_levels: usize,
+}
+
+impl Default for HostLimits {
+    fn default() -> Self {
+        HostLimits {
+            max_questions: 64,
+            max_choice_options: 255,
+            max_score_levels: 10,
+        }
+    }
+}
+
+/// Parse a body as Python's `json.loads` would see it.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| ApiError::invalid(&[], format!("the body is not UTF-8: {e}"), "json_invalid"))?;
+    serde_json::from_str(text)
+        .map_err(|e| ApiError::invalid(&[], format!("the body is not valid JSON: {e}"), "json_invalid"))
+}
+
+/// Python truthiness of a JSON value.
+pub fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => {
+            let t = n.to_string();
+            t.parse::<f64>().map(|x| x != 0.0).unwrap_or(true)
+        }
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Validate a parsed body: the reference's checks in its order, then shapes it would crash on.
+pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRequest, ApiError> {
+    const REQUIRED: &str = "model and state are required";
+    let Value::Object(obj) = body else {
+        return Err(ApiError::value_error(&[], REQUIRED));
+    };
+    let model = match obj.get("model") {
+        Some(Value::String(s)) => s.clone(),
+        _ => return Err(ApiError::value_error(&["model"], REQUIRED)),
+    };
+    let Some(state) = obj.get("state") else {
+        return Err(ApiError::value_error(&["state"], REQUIRED));
+    };
+    let questions = match obj.get("questions") {
+        Some(Value::Object(q)) if !q.is_empty() => q,
+        _ => return Err(ApiError::value_error(&["questions"], "at least one question is required")),
+    };
+    let mut out = Vec::with_capacity(questions.len());
+    for (id, q) in questions {
+        out.push(validate_question(id, q)?);
+    }
+    let truncate = match obj.get("truncate") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return Err(ApiError::invalid(&["truncate"], "truncate must be a boolean", "bool_type")),
+    };
+    let has_media = ["images", "videos"]
+        .iter()
+        .any(|k| obj.get(*k).map(truthy).unwrap_or(false));
+    let request = SystemOneRequest {
+        model,
+        state: state.clone(),
+        questions: out,
+        truncate,
+        has_media,
+    };
+    if let Some(l) = limits {
+        check_limits(&request, l)?;
+    }
+    Ok(request)
+}
+
+fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
+    let loc = ["questions", id];
+    let Value::Object(q) = q else {
+        return Err(ApiError::value_error(&loc, format!("{id}: question must be an object")));
+    };
+    let kind = match q.get("type") {
+        Some(Value::String(s)) if s == "noul" => QuestionType::Noul,
+        Some(Value::String(s)) if s == "choice" => QuestionType::Choice,
+        Some(Value::String(s)) if s == "score" => QuestionType::Score,
+        _ => {
+            return Err(ApiError::value_error(
+                &["questions", id, "type"],
+                format!("{id}: type must be noul, choice, or score"),
+            ))
+        }
+    };
+    let criteria = q.get("criteria").cloned();
+    let cloc = ["questions", id, "criteria"];
+    if kind != QuestionType::Noul && !criteria.as_ref().map(truthy).unwrap_or(false) {
+        return Err(ApiError::value_error(&cloc, format!("{id}: criteria must not be empty")));
+    }
+    // Shapes the reference does not reject but crashes on.
+    match (kind, &criteria) {
+        (QuestionType::Choice, Some(c)) if !c.is_object() => {
+            return Err(ApiError::value_error(
+                &cloc,
+                format!("{id}: choice criteria must be an object of option id to description"),
+            ))
+        }
+        (QuestionType::Noul, Some(c)) if truthy(c) && !c.is_object() => {
+            return Err(ApiError::value_error(
+                &cloc,
+                format!("{id}: noul criteria must be an object with \"true\" and/or \"false\""),
+            ))
+        }
+        (QuestionType::Score, Some(c)) if !(c.is_array() || c.is_object() || c.is_string()) => {
+            return Err(ApiError::value_error(&cloc, format!("{id}: score criteria must be a list of levels")))
+        }
+        _ => {}
+    }
+    Ok(Question {
+        id: id.to_string(),
+        kind,
+        instructions: q.get("instructions").cloned(),
+        criteria,
+    })
+}
+
+fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
+    if r.questions.len() > l.max_questions {
+        return Err(ApiError::value_error(
+            &["questions"],
+            format!("{} questions; at most {} are allowed", r.questions.len(), l.max_questions),
+        ));
+    }
+    for q in &r.questions {
+        let n = option_count(q);
+        let (max, what) = match q.kind {
+            QuestionType::Choice => (l.max_choice_options, "choice options"),
+            QuestionType::Score => (l.max_score_levels, "score levels"),
+            QuestionType::Noul => continue,
+        };
+        if n > max {
+            return Err(ApiError::value_error(
+                &["questions", &q.id, "criteria"],
+                format!("{}: {n} {what}; at most {max} are allowed", q.id),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How many options a validated question has.
+pub fn option_count(q: &Question) -> usize {
+    match q.kind {
+        QuestionType::Noul => 2,
+        _ => match &q.criteria {
+            Some(Value::Array(a)) => a.len(),
+            Some(Value::Object(o)) => o.len(),
+            Some(Value::String(s)) => s.chars().count(),
+            _ => 0,
+        },
+    }
+}

@@ -1,0 +1,420 @@
+//! The joint schema head (spec/clef-reference.md §2.4), f32 on the host.
+//!
+//! Attention over the memory never projects all T memory rows through K and V: with few
+//! queries, K's projection is folded onto the query side (`q·(m Wₖᵀ + bₖ) = (q Wₖ)·m + const`,
+//! the constant cancels in the softmax) and V's is applied after the weighted sum
+//! (`Σ p (m Wᵥᵀ + bᵥ) = (Σ p m) Wᵥᵀ + bᵥ`, the weights sum to 1). The memory projection
+//! (T × H × W) is then the only work that grows with T × width².
+
+use super::ops::{dot, gelu, norm2, softmax, span_mean, LayerNorm, Linear};
+use crate::checkpoint::{CheckpointError, JointHeadConfig, JointHeadFiles};
+use clef_device::cpu::matmul::{self, small_matmul, PackedWeight};
+use clef_device::{HostWeight, WeightFormat};
+use rayon::prelude::*;
+
+/// One question as the head sees it.
+#[derive(Clone, Debug)]
+pub struct HeadQuestion {
+    /// 0 noul, 1 choice, 2 score.
+    pub type_index: usize,
+    pub span: (usize, usize),
+    pub option_spans: Vec<(usize, usize)>,
+}
+
+/// `nn.MultiheadAttention` weights, split into Q, K, V.
+struct Attention {
+    wq: Vec<f32>,
+    bq: Vec<f32>,
+    wk: Vec<f32>,
+    bk: Vec<f32>,
+    wv: Vec<f32>,
+    bv: Vec<f32>,
+    out: Linear,
+}
+
+struct EvidenceLayer {
+    query_norm: LayerNorm,
+    memory_norm: LayerNorm,
+    attention: Attention,
+    ff_norm: LayerNorm,
+    ff1: Linear,
+    ff2: Linear,
+}
+
+struct DecoderLayer {
+    self_attn: Attention,
+    cross_attn: Attention,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    norm3: LayerNorm,
+    linear1: Linear,
+    linear2: Linear,
+}
+
+/// The head with its weights in f32.
+pub struct JointHead {
+    pub config: JointHeadConfig,
+    hidden_norm: LayerNorm,
+    memory_projection: PackedWeight,
+    question_projection: Linear,
+    option_question_projection: Linear,
+    global_projection: Linear,
+    option_context_projection: Linear,
+    option_lexical_projection: Linear,
+    type_embedding: Vec<f32>,
+    evidence: Vec<EvidenceLayer>,
+    option_summary_norm: LayerNorm,
+    layers: Vec<DecoderLayer>,
+    field_norm: LayerNorm,
+    option_norm: LayerNorm,
+    scorer1: Linear,
+    scorer2: Linear,
+    prior_scale: f32,
+    joint_scale: f32,
+    gate: f32,
+}
+
+/// The head's memory rows `M = memory_projection(LN(hidden))` and the normalised rows, kept so
+/// a prefix of them can be reused (prefix cache).
+pub struct HeadMemory {
+    /// `[T, H]` LayerNorm'd hidden rows.
+    pub normed: Vec<f32>,
+    /// `[T, W]` memory rows.
+    pub memory: Vec<f32>,
+    pub rows: usize,
+}
+
+impl JointHead {
+    pub fn load(files: &JointHeadFiles) -> Result<Self, CheckpointError> {
+        let c = files.config.clone();
+        let (h, w, f) = (c.hidden_size, c.width, c.feedforward);
+        let get = |name: &str| -> Result<Vec<f32>, CheckpointError> {
+            let info = files.tensors.info(name).ok_or_else(|| CheckpointError::Tensor {
+                file: "joint_head.safetensors".into(),
+                tensor: name.into(),
+                msg: "missing".into(),
+            })?;
+            Ok(files.tensors.read_f32(info, 0, info.elements()))
+        };
+        let ln = |name: &str| -> Result<LayerNorm, CheckpointError> {
+            Ok(LayerNorm {
+                weight: get(&format!("{name}.weight"))?,
+                bias: get(&format!("{name}.bias"))?,
+            })
+        };
+        let lin = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, CheckpointError> {
+            let b = if bias { Some(get(&format!("{name}.bias"))?) } else { None };
+            Ok(Linear::new(get(&format!("{name}.weight"))?, out, inp, b))
+        };
+        let mha = |name: &str| -> Result<Attention, CheckpointError> {
+            let wi = get(&format!("{name}.in_proj_weight"))?;
+            let bi = get(&format!("{name}.in_proj_bias"))?;
+            Ok(Attention {
+                wq: wi[..w * w].to_vec(),
+                wk: wi[w * w..2 * w * w].to_vec(),
+                wv: wi[2 * w * w..].to_vec(),
+                bq: bi[..w].to_vec(),
+                bk: bi[w..2 * w].to_vec(),
+                bv: bi[2 * w..].to_vec(),
+                out: lin(&format!("{name}.out_proj"), w, w, true)?,
+            })
+        };
+        let scalar = |name: &str| -> Result<f32, CheckpointError> {
+            get(name)?.first().copied().ok_or_else(|| CheckpointError::Tensor {
+                file: "joint_head.safetensors".into(),
+                tensor: name.into(),
+                msg: "empty scalar".into(),
+            })
+        };
+        let evidence = (0..c.routing_layers)
+            .map(|i| {
+                let l = format!("evidence_layers.{i}");
+                Ok(EvidenceLayer {
+                    query_norm: ln(&format!("{l}.query_norm"))?,
+                    memory_norm: ln(&format!("{l}.memory_norm"))?,
+                    attention: mha(&format!("{l}.attention"))?,
+                    ff_norm: ln(&format!("{l}.feedforward_norm"))?,
+                    ff1: lin(&format!("{l}.feedforward.0"), f, w, true)?,
+                    ff2: lin(&format!("{l}.feedforward.3"), w, f, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
+        let layers = (0..c.layers)
+            .map(|i| {
+                let l = format!("layers.{i}");
+                Ok(DecoderLayer {
+                    self_attn: mha(&format!("{l}.self_attn"))?,
+                    cross_attn: mha(&format!("{l}.multihead_attn"))?,
+                    norm1: ln(&format!("{l}.norm1"))?,
+                    norm2: ln(&format!("{l}.norm2"))?,
+                    norm3: ln(&format!("{l}.norm3"))?,
+                    linear1: lin(&format!("{l}.linear1"), f, w, true)?,
+                    linear2: lin(&format!("{l}.linear2"), w, f, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
+        let memory_projection = PackedWeight::pack(
+            &HostWeight::f32(w, h, get("memory_projection.weight")?),
+            WeightFormat::F32,
+        );
+        Ok(JointHead {
+            hidden_norm: ln("hidden_norm")?,
+            memory_projection,
+            question_projection: lin("question_projection", w, h, false)?,
+            option_question_projection: lin("option_question_projection", w, h, false)?,
+            global_projection: lin("global_projection", w, h, false)?,
+            option_context_projection: lin("option_context_projection", w, h, false)?,
+            option_lexical_projection: lin("option_lexical_projection", w, h, false)?,
+            type_embedding: get("type_embedding.weight")?,
+            evidence,
+            option_summary_norm: ln("option_summary_norm")?,
+            layers,
+            field_norm: ln("field_norm")?,
+            option_norm: ln("option_norm")?,
+            scorer1: lin("residual_scorer.0", w, 4 * w, true)?,
+            scorer2: lin("residual_scorer.3", 1, w, true)?,
+            prior_scale: scalar("prior_logit_scale")?,
+            joint_scale: scalar("joint_logit_scale")?,
+            gate: scalar("residual_gate")?,
+            config: c,
+        })
+    }
+
+    /// LayerNorm and memory projection of `rows` hidden rows (appendable: rows are independent).
+    pub fn memory(&self, hidden: &[f32], rows: usize) -> HeadMemory {
+        let normed = self.hidden_norm.forward(hidden);
+        let memory = matmul::linear(&normed, rows, &self.memory_projection);
+        HeadMemory {
+            normed,
+            memory,
+            rows,
+        }
+    }
+
+    /// Per-question option logits, in model option order.
+    ///
+    /// `lexical[o]` is the mean LM-head row over option o's span (flattened in question order).
+    pub fn logits(&self, mem: &HeadMemory, questions: &[HeadQuestion], lexical: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        let c = &self.config;
+        let (h, w) = (c.hidden_size, c.width);
+        let t = mem.rows;
+        let x = &mem.normed;
+        let g = &x[(t - 1) * h..t * h];
+        let nq = questions.len();
+        let u: Vec<f32> = questions
+            .iter()
+            .flat_map(|q| span_mean(x, h, q.span.0, q.span.1))
+            .collect();
+        let owner: Vec<usize> = questions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, q)| std::iter::repeat_n(i, q.option_spans.len()))
+            .collect();
+        let no = owner.len();
+        let ctx: Vec<f32> = questions
+            .iter()
+            .flat_map(|q| q.option_spans.iter().flat_map(|s| span_mean(x, h, s.0, s.1)))
+            .collect();
+        let lex: Vec<f32> = lexical.iter().flatten().copied().collect();
+        // z = (context + lexical) + option_question(u of the owner).
+        let mut z = self.option_context_projection.forward(&ctx, no);
+        let zl = self.option_lexical_projection.forward(&lex, no);
+        z.iter_mut().zip(&zl).for_each(|(a, b)| *a += b);
+        let uq = self.option_question_projection.forward(&u, nq);
+        for (o, &q) in owner.iter().enumerate() {
+            z[o * w..(o + 1) * w]
+                .iter_mut()
+                .zip(&uq[q * w..(q + 1) * w])
+                .for_each(|(a, b)| *a += b);
+        }
+        // Evidence routing.
+        for layer in &self.evidence {
+            let a = layer.query_norm.forward(&z);
+            let m = layer.memory_norm.forward(&mem.memory);
+            let att = self.cross_attention(&layer.attention, &a, no, &m, t);
+            z.iter_mut().zip(&att).for_each(|(x, y)| *x += y);
+            let hdn: Vec<f32> = layer
+                .ff1
+                .forward(&layer.ff_norm.forward(&z), no)
+                .into_iter()
+                .map(gelu)
+                .collect();
+            let ff = layer.ff2.forward(&hdn, no);
+            z.iter_mut().zip(&ff).for_each(|(x, y)| *x += y);
+        }
+        let r = z;
+        // Option summary per question.
+        let b = self.question_projection.forward(&u, nq);
+        let mut s = vec![0.0f32; nq * w];
+        for (q, bq) in b.chunks(w).enumerate() {
+            let opts: Vec<usize> = (0..no).filter(|&o| owner[o] == q).collect();
+            let mut scores: Vec<f32> = opts
+                .iter()
+                .map(|&o| dot(&r[o * w..(o + 1) * w], bq) * c.routing_scale())
+                .collect();
+            softmax(&mut scores);
+            for (&o, p) in opts.iter().zip(&scores) {
+                s[q * w..(q + 1) * w]
+                    .iter_mut()
+                    .zip(&r[o * w..(o + 1) * w])
+                    .for_each(|(a, v)| *a += p * v);
+            }
+        }
+        let s_norm = self.option_summary_norm.forward(&s);
+        let gp = self.global_projection.forward(g, 1);
+        let mut f = b.clone();
+        for (q, question) in questions.iter().enumerate() {
+            let row = &mut f[q * w..(q + 1) * w];
+            let te = &self.type_embedding[question.type_index * w..(question.type_index + 1) * w];
+            for i in 0..w {
+                row[i] = ((row[i] + s_norm[q * w + i]) + gp[i]) + te[i];
+            }
+        }
+        // Joint decoder.
+        for layer in &self.layers {
+            let a = layer.norm1.forward(&f);
+            let sa = self.self_attention(&layer.self_attn, &a, nq);
+            f.iter_mut().zip(&sa).for_each(|(x, y)| *x += y);
+            let a = layer.norm2.forward(&f);
+            let ca = self.cross_attention(&layer.cross_attn, &a, nq, &mem.memory, t);
+            f.iter_mut().zip(&ca).for_each(|(x, y)| *x += y);
+            let hdn: Vec<f32> = layer
+                .linear1
+                .forward(&layer.norm3.forward(&f), nq)
+                .into_iter()
+                .map(gelu)
+                .collect();
+            let ff = layer.linear2.forward(&hdn, nq);
+            f.iter_mut().zip(&ff).for_each(|(x, y)| *x += y);
+        }
+        let fields = self.field_norm.forward(&f);
+        // Scoring.
+        let ln100 = 100f32.ln();
+        let prior_scale = self.prior_scale.min(ln100).exp();
+        let joint_scale = self.joint_scale.min(ln100).exp();
+        let gate = 1.0 / (1.0 + (-self.gate).exp());
+        let v = self.option_norm.forward(&r);
+        let mut pairs = vec![0.0f32; no * 4 * w];
+        for o in 0..no {
+            let fq = &fields[owner[o] * w..(owner[o] + 1) * w];
+            let vo = &v[o * w..(o + 1) * w];
+            let row = &mut pairs[o * 4 * w..(o + 1) * 4 * w];
+            for i in 0..w {
+                row[i] = fq[i];
+                row[w + i] = vo[i];
+                row[2 * w + i] = fq[i] * vo[i];
+                row[3 * w + i] = (fq[i] - vo[i]).abs();
+            }
+        }
+        let hidden: Vec<f32> = self.scorer1.forward(&pairs, no).into_iter().map(gelu).collect();
+        let residual = self.scorer2.forward(&hidden, no);
+        let mut out: Vec<Vec<f32>> = questions.iter().map(|_| Vec::new()).collect();
+        for o in 0..no {
+            let q = owner[o];
+            let mut anchor: Vec<f32> = u[q * h..(q + 1) * h].iter().zip(g).map(|(a, b)| a + b).collect();
+            let an = norm2(&anchor).max(1e-12);
+            anchor.iter_mut().for_each(|a| *a /= an);
+            let lo = &lexical[o];
+            let ln = norm2(lo).max(1e-12);
+            let prior = prior_scale * lo.iter().zip(&anchor).map(|(l, a)| l / ln * a).sum::<f32>();
+            let fq = &fields[q * w..(q + 1) * w];
+            let vo = &v[o * w..(o + 1) * w];
+            let (nf, nv) = (norm2(fq).max(1e-8), norm2(vo).max(1e-8));
+            let cos: f32 = fq.iter().zip(vo).map(|(a, b)| (a / nf) * (b / nv)).sum();
+            let joint = joint_scale * cos + residual[o];
+            out[q].push(prior + gate * joint);
+        }
+        out
+    }
+
+    /// Multi-head attention of `nq` queries over `t` memory rows, K and V folded (see the
+    /// module comment).
+    fn cross_attention(&self, att: &Attention, a: &[f32], nq: usize, m: &[f32], t: usize) -> Vec<f32> {
+        let c = &self.config;
+        let (w, heads, d) = (c.width, c.heads, c.head_dim());
+        let scale = c.attention_scale();
+        // q = a Wqᵀ + bq, [nq, w].
+        let q = linear_rows(a, nq, &att.wq, w, w, Some(&att.bq));
+        // Folded keys: qk[(i, h)] = q_ih · Wk_h, a [w] vector per query and head.
+        let pairs = nq * heads;
+        let mut qk = vec![0.0f32; pairs * w];
+        for i in 0..nq {
+            for hh in 0..heads {
+                let qi = &q[i * w + hh * d..i * w + (hh + 1) * d];
+                let dst = &mut qk[(i * heads + hh) * w..(i * heads + hh + 1) * w];
+                // dst[k] = Σ_j qi[j] Wk[hh*d + j][k]
+                small_matmul(1, w, d, dst, false, qi, d, 1, &att.wk[hh * d * w..], w, 1);
+            }
+        }
+        // Scores [t, pairs] = m · qkᵀ, then a softmax over t per (query, head).
+        let packed = PackedWeight::pack(&HostWeight::f32(pairs, w, qk), WeightFormat::F32);
+        let scores = matmul::linear(m, t, &packed);
+        let mut probs = vec![0.0f32; pairs * t];
+        probs.par_chunks_mut(t).enumerate().for_each(|(p, row)| {
+            for (tt, v) in row.iter_mut().enumerate() {
+                *v = scores[tt * pairs + p] * scale;
+            }
+            softmax(row);
+        });
+        // Weighted memory per pair: [pairs, w] = probs · m.
+        let mut mixed = vec![0.0f32; pairs * w];
+        let block = 8;
+        mixed
+            .par_chunks_mut(block * w)
+            .enumerate()
+            .for_each(|(bi, dst)| {
+                let rows = dst.len() / w;
+                small_matmul(rows, w, t, dst, false, &probs[bi * block * t..], t, 1, m, w, 1);
+            });
+        // Per head: out_h = mixed_h Wv_hᵀ + bv_h.
+        let mut heads_out = vec![0.0f32; nq * w];
+        for i in 0..nq {
+            for hh in 0..heads {
+                let src = &mixed[(i * heads + hh) * w..(i * heads + hh + 1) * w];
+                let dst = &mut heads_out[i * w + hh * d..i * w + (hh + 1) * d];
+                small_matmul(1, d, w, dst, false, src, w, 1, &att.wv[hh * d * w..], 1, w);
+                dst.iter_mut().zip(&att.bv[hh * d..(hh + 1) * d]).for_each(|(x, b)| *x += b);
+            }
+        }
+        att.out.forward(&heads_out, nq)
+    }
+
+    /// Plain multi-head self-attention over `n` rows (the fields), no mask.
+    fn self_attention(&self, att: &Attention, a: &[f32], n: usize) -> Vec<f32> {
+        let c = &self.config;
+        let (w, heads, d) = (c.width, c.heads, c.head_dim());
+        let scale = c.attention_scale();
+        let q = linear_rows(a, n, &att.wq, w, w, Some(&att.bq));
+        let k = linear_rows(a, n, &att.wk, w, w, Some(&att.bk));
+        let v = linear_rows(a, n, &att.wv, w, w, Some(&att.bv));
+        let mut out = vec![0.0f32; n * w];
+        for hh in 0..heads {
+            for i in 0..n {
+                let qi = &q[i * w + hh * d..i * w + (hh + 1) * d];
+                let mut s: Vec<f32> = (0..n)
+                    .map(|j| dot(qi, &k[j * w + hh * d..j * w + (hh + 1) * d]) * scale)
+                    .collect();
+                softmax(&mut s);
+                let dst = &mut out[i * w + hh * d..i * w + (hh + 1) * d];
+                for (j, p) in s.iter().enumerate() {
+                    dst.iter_mut()
+                        .zip(&v[j * w + hh * d..j * w + (hh + 1) * d])
+                        .for_each(|(o, x)| *o += p * x);
+                }
+            }
+        }
+        att.out.forward(&out, n)
+    }
+}
+
+/// `x[rows, inp] · W[out, inp]ᵀ + b` for small row counts (no packing).
+fn linear_rows(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, b: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![0.0f32; rows * out];
+    small_matmul(rows, out, inp, &mut y, false, x, inp, 1, w, 1, inp);
+    if let Some(b) = b {
+        for row in y.chunks_mut(out) {
+            row.iter_mut().zip(b).for_each(|(v, bv)| *v += bv);
+        }
+    }
+    y
+}

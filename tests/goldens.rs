@@ -1,0 +1,129 @@
+//! Every golden record of `tiny-clef/goldens` answered by clef-tt as the reference did: ids,
+//! spans and option ids identical; f32 logits within 1e-4; probabilities within 1e-3 (and the
+//! same top option); responses equal field by field after rounding, a 1e-4 difference allowed
+//! only where the unrounded value sits within 1e-5 of a rounding boundary; error texts exact.
+
+mod common;
+
+use clef_device::cpu::CpuMesh;
+use clef_device::{MeshShape, WeightFormat};
+use clef_tt::api::{parse_body, validate, ApiError};
+use clef_tt::checkpoint::Checkpoint;
+use clef_tt::encode::{encode, EncodeError, LengthRule};
+use clef_tt::engine::Pipeline;
+use clef_tt::head::answer::answer_rounded_with;
+use serde_json::Value;
+
+fn lines(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens").join(name)).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+/// Structural equality; numbers equal, or within 1e-4 where `near_boundary` allows.
+fn same(got: &Value, want: &Value, unrounded: &Value, path: &str) {
+    match (got, want) {
+        (Value::Object(a), Value::Object(b)) => {
+            let ka: Vec<&String> = a.keys().collect();
+            let kb: Vec<&String> = b.keys().collect();
+            assert_eq!(ka, kb, "{path}: keys or their order differ");
+            for k in kb {
+                same(&a[k], &b[k], unrounded.get(k).unwrap_or(&Value::Null), &format!("{path}.{k}"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            assert_eq!(a.len(), b.len(), "{path}");
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                same(x, y, unrounded.get(i).unwrap_or(&Value::Null), &format!("{path}[{i}]"));
+            }
+        }
+        (Value::Number(_), Value::Number(_)) => {
+            let (a, b) = (num(got), num(want));
+            if a != b {
+                let raw = unrounded.as_f64().unwrap_or(f64::NAN);
+                let to_boundary = ((raw * 1e4).fract().abs() - 0.5).abs() * 1e-4;
+                assert!(
+                    (a - b).abs() <= 1.0001e-4 && to_boundary <= 1e-5,
+                    "{path}: {a} vs {b} (unrounded {raw}, {to_boundary:e} from a boundary)"
+                );
+            }
+        }
+        _ => assert_eq!(got, want, "{path}"),
+    }
+}
+
+#[test]
+fn every_golden_record_matches_the_f32_reference() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let pipeline = Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap();
+    let requests = lines("requests.jsonl");
+    let expected = lines("expected_f32.jsonl");
+    assert_eq!(requests.len(), 50);
+    let (mut max_dlogit, mut max_dp, mut answered, mut errors) = (0.0f64, 0.0f64, 0, 0);
+    for (req, exp) in requests.iter().zip(&expected) {
+        let id = req["id"].as_str().unwrap();
+        let body = req["body"].as_str().unwrap();
+        let max_length = req["max_length"].as_u64().unwrap() as usize;
+        let rule = LengthRule::Reference { max_length };
+        if req["entry"] == "encode_record" {
+            let parsed = parse_body(body.as_bytes()).unwrap();
+            let r = validate(&parsed, None).unwrap();
+            match encode(pipeline.tokenizer(), &r, &[], rule) {
+                Err(EncodeError::Api(e)) => assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}"),
+                other => panic!("{id}: expected an error, got {other:?}"),
+            }
+            errors += 1;
+            continue;
+        }
+        let result = pipeline.decide_body(body.as_bytes(), rule, None);
+        if exp["status"] == "error" {
+            let e: ApiError = result.err().unwrap_or_else(|| panic!("{id}: expected an error"));
+            assert_eq!(e.status, 422, "{id}");
+            assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}");
+            errors += 1;
+            continue;
+        }
+        let d = result.unwrap_or_else(|e| panic!("{id}: {e}"));
+        let want_ids: Vec<u32> = exp["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(d.record.input_ids, want_ids, "{id}: input ids");
+        let parsed = parse_body(body.as_bytes()).unwrap();
+        let request = validate(&parsed, None).unwrap();
+        let mut unrounded = serde_json::Map::new();
+        for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
+            let enc = &d.record.questions[k];
+            assert_eq!(enc.id, q["question_id"].as_str().unwrap(), "{id} q{k}");
+            assert_eq!(enc.kind as u64, q["question_type"].as_u64().unwrap(), "{id} q{k}");
+            let span = [enc.span.0 as u64, enc.span.1 as u64];
+            assert_eq!(serde_json::json!(span), q["question_span"], "{id} q{k} span");
+            let spans: Vec<[usize; 2]> = enc.option_spans.iter().map(|s| [s.0, s.1]).collect();
+            assert_eq!(serde_json::json!(spans), q["option_spans"], "{id} q{k} option spans");
+            assert_eq!(serde_json::json!(enc.option_ids), q["option_ids"], "{id} q{k} option ids");
+            let want_logits: Vec<f64> = q["logits"].as_array().unwrap().iter().map(num).collect();
+            let want_probs: Vec<f64> = q["probabilities"].as_array().unwrap().iter().map(num).collect();
+            for (a, b) in d.logits[k].iter().zip(&want_logits) {
+                let diff = (*a as f64 - b).abs();
+                max_dlogit = max_dlogit.max(diff);
+                assert!(diff <= 1e-4, "{id} q{k}: logit {a} vs {b}");
+            }
+            for (a, b) in d.probabilities[k].iter().zip(&want_probs) {
+                let diff = (*a as f64 - b).abs();
+                max_dp = max_dp.max(diff);
+                assert!(diff <= 1e-3, "{id} q{k}: probability {a} vs {b}");
+            }
+            let top = |p: &[f64]| p.iter().enumerate().fold(0, |best, (i, v)| if *v > p[best] { i } else { best });
+            let ours: Vec<f64> = d.probabilities[k].iter().map(|&p| p as f64).collect();
+            assert_eq!(top(&ours), top(&want_probs), "{id} q{k}: top option");
+            let question = &request.questions[k];
+            unrounded.insert(question.id.clone(), answer_rounded_with(question, enc, &d.probabilities[k], |x| x));
+        }
+        let want = exp["response"].clone();
+        let unrounded = serde_json::json!({"answers": unrounded});
+        same(&d.response, &want, &unrounded, id);
+        answered += 1;
+    }
+    assert_eq!((answered, errors), (37, 13));
+    eprintln!("max |Δlogit| {max_dlogit:e}, max |Δp| {max_dp:e}");
+}
