@@ -1,11 +1,14 @@
-//! The clef-tt command line: `inspect` a checkpoint, `make-random` a benchmark checkpoint,
-//! `bench prefill`. (The server and `decide` arrive with the encoder and head.)
+//! The clef-tt command line: `inspect` a checkpoint, `decide` requests from a file,
+//! `make-random` a benchmark checkpoint, `bench prefill` / `bench head`.
 
 mod cli;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
+use clef_tt::encode::LengthRule;
+use clef_tt::engine::Pipeline;
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::random::{make_random, Shape};
 use std::path::PathBuf;
@@ -33,6 +36,33 @@ enum Command {
         /// Revision of a hub id.
         #[arg(long, env = "CLEF_REVISION")]
         revision: Option<String>,
+    },
+    /// Answer the requests of FILE (one JSON value, or one per line) with a local model; one
+    /// result line per request on stdout.
+    Decide {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        #[arg(long, env = "CLEF_REVISION")]
+        revision: Option<String>,
+        /// The reference's single token budget instead of the server's limits.
+        #[arg(long)]
+        max_length: Option<usize>,
+        /// Token limit of the state piece (system prompt, media, state).
+        #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
+        max_state: usize,
+        /// Token limit of the tail (schema and suffix).
+        #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
+        max_tail: usize,
+        /// Keep the first state tokens when the state piece is too long.
+        #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
+        truncate_states: bool,
+        /// Mesh shape of the CPU device.
+        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+        mesh: String,
+        /// Weight format (f32 matches the reference's f32 run).
+        #[arg(long, default_value = "f32")]
+        weights: String,
+        file: PathBuf,
     },
     /// Write a complete random-weight checkpoint for benchmarks.
     MakeRandom {
@@ -72,6 +102,31 @@ enum BenchCommand {
         #[arg(long)]
         profile: bool,
     },
+    /// Joint head time at Clef-27B width (random weights), 6 questions of 2-5 options.
+    Head {
+        /// Memory rows (prompt tokens).
+        #[arg(long, value_delimiter = ',', default_value = "300,2200,16384")]
+        rows: Vec<usize>,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+}
+
+/// `1`/`true`/`yes`/`on` (any case) or `0`/`false`/`no`/`off`/empty.
+fn parse_flag(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(format!("{other:?} is not a boolean (1/0, true/false)")),
+    }
+}
+
+fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
+    match name {
+        "f32" => Ok(WeightFormat::F32),
+        "bf16" => Ok(WeightFormat::Bf16),
+        other => bail!("unknown weight format {other:?} (f32, bf16)"),
+    }
 }
 
 fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpoint> {
@@ -118,6 +173,34 @@ fn main() -> anyhow::Result<()> {
             }
             println!("ok");
         }
+        Command::Decide {
+            model,
+            revision,
+            max_length,
+            max_state,
+            max_tail,
+            truncate_states,
+            mesh,
+            weights,
+            file,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let ckpt = open(model, revision.as_deref())?;
+            let mesh: MeshShape = mesh.parse()?;
+            let pipeline = Pipeline::new(&ckpt, CpuMesh::new(mesh), weight_format(&weights)?)?;
+            let rule = match max_length {
+                Some(max_length) => LengthRule::Reference { max_length },
+                None => LengthRule::Server {
+                    max_state,
+                    max_tail,
+                    truncate: truncate_states,
+                },
+            };
+            let stdout = std::io::stdout();
+            let n = cli::decide::run(&pipeline, &text, rule, &mut stdout.lock())?;
+            eprintln!("answered {n} requests");
+        }
         Command::MakeRandom { shape, out, seed } => {
             make_random(shape, &out, seed, &default_model_dir())?;
             let ckpt = Checkpoint::open(&out)?;
@@ -139,11 +222,7 @@ fn main() -> anyhow::Result<()> {
                 let ckpt = open(model, None)?;
                 let formats = weights
                     .iter()
-                    .map(|w| match w.as_str() {
-                        "f32" => Ok(WeightFormat::F32),
-                        "bf16" => Ok(WeightFormat::Bf16),
-                        other => bail!("unknown weight format {other:?} (f32, bf16)"),
-                    })
+                    .map(|w| weight_format(w))
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 let meshes = mesh
                     .iter()
@@ -151,6 +230,10 @@ fn main() -> anyhow::Result<()> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat, profile)?;
                 print!("{}", cli::bench::table(&rows));
+            }
+            BenchCommand::Head { rows, repeat } => {
+                let rows = cli::bench::head(&rows, repeat)?;
+                print!("{}", cli::bench::head_table(&rows));
             }
         },
     }

@@ -319,6 +319,26 @@ fn write_safetensors(
     safetensors::serialize_to_file(views, Some(meta), path).map_err(st)
 }
 
+/// Write `joint_head_config.json` and a random `joint_head.safetensors` of `head`'s shape.
+pub fn write_random_head(head: &JointHeadConfig, out: &Path, seed: u64) -> Result<(), MakeRandomError> {
+    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    let head_tensors: Vec<(String, Vec<usize>, Vec<u8>)> = head
+        .expected_tensors()
+        .into_iter()
+        .map(|(name, shape)| {
+            let n = shape.iter().product::<usize>().max(1);
+            let bytes = random_bf16(n, head_fill(&name), name_seed(seed, &name));
+            (name, shape, bytes)
+        })
+        .collect();
+    write_safetensors(&out.join("joint_head.safetensors"), &head_tensors)?;
+    let head_json = json!({
+        "hidden_size": head.hidden_size, "width": head.width, "routing_layers": head.routing_layers,
+        "layers": head.layers, "heads": head.heads, "feedforward": head.feedforward
+    });
+    write_json(&out.join("joint_head_config.json"), &head_json, true)
+}
+
 /// Write a random checkpoint of `shape` into `out` (created if needed), with the tokenizer
 /// files copied from `tokenizer_dir`.
 pub fn make_random(
@@ -368,21 +388,7 @@ pub fn make_random(
     let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
     write_json(&out.join("model.safetensors.index.json"), &index, false)?;
     write_json(&out.join("config.json"), &config_json(&text), false)?;
-    let head_tensors: Vec<(String, Vec<usize>, Vec<u8>)> = head
-        .expected_tensors()
-        .into_iter()
-        .map(|(name, shape)| {
-            let n = shape.iter().product::<usize>().max(1);
-            let bytes = random_bf16(n, head_fill(&name), name_seed(seed, &name));
-            (name, shape, bytes)
-        })
-        .collect();
-    write_safetensors(&out.join("joint_head.safetensors"), &head_tensors)?;
-    let head_json = json!({
-        "hidden_size": head.hidden_size, "width": head.width, "routing_layers": head.routing_layers,
-        "layers": head.layers, "heads": head.heads, "feedforward": head.feedforward
-    });
-    write_json(&out.join("joint_head_config.json"), &head_json, true)?;
+    write_random_head(&head, out, seed)?;
     for f in [
         "tokenizer.json",
         "tokenizer_config.json",

@@ -104,3 +104,80 @@ pub fn table(rows: &[PrefillRow]) -> String {
     }
     s
 }
+
+/// One head timing.
+pub struct HeadRow {
+    pub rows: usize,
+    pub memory_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The joint head at Clef-27B width (hidden 5120, width 1024, 16 heads, feedforward 4096) with
+/// random weights, 6 questions of 2..5 options, over each row count; median of `repeats`.
+pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
+    use clef_tt::checkpoint::{JointHeadConfig, JointHeadFiles};
+    use clef_tt::head::{HeadQuestion, JointHead};
+    let cfg = JointHeadConfig {
+        hidden_size: 5120,
+        width: 1024,
+        routing_layers: 2,
+        layers: 4,
+        heads: 16,
+        feedforward: 4096,
+        dropout: None,
+    };
+    let dir = std::env::temp_dir().join(format!("clef-tt-bench-head-{}", std::process::id()));
+    clef_tt::random::write_random_head(&cfg, &dir, 7)?;
+    let head = JointHead::load(&JointHeadFiles::open(&dir, cfg.hidden_size)?)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let h = cfg.hidden_size;
+    let mut out = Vec::new();
+    for &t in rows {
+        let hidden: Vec<f32> = (0..t * h).map(|i| ((i * 2_654_435_761usize) % 1000) as f32 / 500.0 - 1.0).collect();
+        // Six questions near the end of the prompt, as a schema sits after the state.
+        let mut at = t.saturating_sub(6 * 40);
+        let mut questions = Vec::new();
+        let mut lexical = Vec::new();
+        for q in 0..6 {
+            let options = 2 + q % 4;
+            let span = (at, at + 8);
+            at += 8;
+            let mut option_spans = Vec::new();
+            for _ in 0..options {
+                option_spans.push((at, at + 5));
+                lexical.push((0..h).map(|i| ((i * 31 + at) % 97) as f32 / 97.0 - 0.5).collect());
+                at += 5;
+            }
+            questions.push(HeadQuestion { type_index: q % 3, span, option_spans });
+        }
+        let mut mem_times = Vec::new();
+        let mut times = Vec::new();
+        for _ in 0..repeats.max(1) + 1 {
+            let t0 = Instant::now();
+            let memory = head.memory(&hidden, t);
+            let t1 = Instant::now();
+            let logits = head.logits(&memory, &questions, &lexical);
+            let t2 = Instant::now();
+            anyhow::ensure!(logits.iter().flatten().all(|l| l.is_finite()), "non-finite logits");
+            mem_times.push((t1 - t0).as_secs_f64() * 1e3);
+            times.push((t2 - t0).as_secs_f64() * 1e3);
+        }
+        // Drop the warm-up, take medians.
+        mem_times.remove(0);
+        times.remove(0);
+        mem_times.sort_by(|a, b| a.total_cmp(b));
+        times.sort_by(|a, b| a.total_cmp(b));
+        let row = HeadRow { rows: t, memory_ms: mem_times[mem_times.len() / 2], total_ms: times[times.len() / 2] };
+        eprintln!("  {t} rows: {:.1} ms (memory projection {:.1} ms)", row.total_ms, row.memory_ms);
+        out.push(row);
+    }
+    Ok(out)
+}
+
+pub fn head_table(rows: &[HeadRow]) -> String {
+    let mut s = String::from("| rows | head total ms | of which memory projection ms |\n|---|---|---|\n");
+    for r in rows {
+        s.push_str(&format!("| {} | {:.1} | {:.1} |\n", r.rows, r.total_ms, r.memory_ms));
+    }
+    s
+}

@@ -23,12 +23,11 @@ pub struct HeadQuestion {
 
 /// `nn.MultiheadAttention` weights, split into Q, K, V.
 struct Attention {
-    wq: Vec<f32>,
-    bq: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    /// K's weight `[w, w]` row-major, for folding it onto the queries.
     wk: Vec<f32>,
-    bk: Vec<f32>,
-    wv: Vec<f32>,
-    bv: Vec<f32>,
     out: Linear,
 }
 
@@ -109,13 +108,19 @@ impl JointHead {
         let mha = |name: &str| -> Result<Attention, CheckpointError> {
             let wi = get(&format!("{name}.in_proj_weight"))?;
             let bi = get(&format!("{name}.in_proj_bias"))?;
+            let part = |i: usize| {
+                Linear::new(
+                    wi[i * w * w..(i + 1) * w * w].to_vec(),
+                    w,
+                    w,
+                    Some(bi[i * w..(i + 1) * w].to_vec()),
+                )
+            };
             Ok(Attention {
-                wq: wi[..w * w].to_vec(),
+                q: part(0),
+                k: part(1),
+                v: part(2),
                 wk: wi[w * w..2 * w * w].to_vec(),
-                wv: wi[2 * w * w..].to_vec(),
-                bq: bi[..w].to_vec(),
-                bk: bi[w..2 * w].to_vec(),
-                bv: bi[2 * w..].to_vec(),
                 out: lin(&format!("{name}.out_proj"), w, w, true)?,
             })
         };
@@ -334,16 +339,16 @@ impl JointHead {
         let (w, heads, d) = (c.width, c.heads, c.head_dim());
         let scale = c.attention_scale();
         // q = a Wqᵀ + bq, [nq, w].
-        let q = linear_rows(a, nq, &att.wq, w, w, Some(&att.bq));
+        let q = att.q.forward(a, nq);
         // Folded keys: qk[(i, h)] = q_ih · Wk_h, a [w] vector per query and head.
         let pairs = nq * heads;
         let mut qk = vec![0.0f32; pairs * w];
-        for i in 0..nq {
-            for hh in 0..heads {
-                let qi = &q[i * w + hh * d..i * w + (hh + 1) * d];
-                let dst = &mut qk[(i * heads + hh) * w..(i * heads + hh + 1) * w];
-                // dst[k] = Σ_j qi[j] Wk[hh*d + j][k]
-                small_matmul(1, w, d, dst, false, qi, d, 1, &att.wk[hh * d * w..], w, 1);
+        for hh in 0..heads {
+            let mut block = vec![0.0f32; nq * w];
+            // [nq, d] (head hh of every query) · Wk rows [hh*d, (hh+1)*d) as [d, w].
+            small_matmul(nq, w, d, &mut block, false, &q[hh * d..], w, 1, &att.wk[hh * d * w..], w, 1);
+            for i in 0..nq {
+                qk[(i * heads + hh) * w..(i * heads + hh + 1) * w].copy_from_slice(&block[i * w..(i + 1) * w]);
             }
         }
         // Scores [t, pairs] = m · qkᵀ, then a softmax over t per (query, head).
@@ -356,24 +361,35 @@ impl JointHead {
             }
             softmax(row);
         });
-        // Weighted memory per pair: [pairs, w] = probs · m.
+        // Weighted memory per pair: [pairs, w] = probs · m, split by blocks of memory columns so
+        // the T x w memory is streamed once.
+        let col_block = 64;
+        let parts: Vec<Vec<f32>> = (0..w.div_ceil(col_block))
+            .into_par_iter()
+            .map(|cb| {
+                let c0 = cb * col_block;
+                let cols = col_block.min(w - c0);
+                let mut dst = vec![0.0f32; pairs * cols];
+                small_matmul(pairs, cols, t, &mut dst, false, &probs, t, 1, &m[c0..], w, 1);
+                dst
+            })
+            .collect();
         let mut mixed = vec![0.0f32; pairs * w];
-        let block = 8;
-        mixed
-            .par_chunks_mut(block * w)
-            .enumerate()
-            .for_each(|(bi, dst)| {
-                let rows = dst.len() / w;
-                small_matmul(rows, w, t, dst, false, &probs[bi * block * t..], t, 1, m, w, 1);
-            });
-        // Per head: out_h = mixed_h Wv_hᵀ + bv_h.
+        for (cb, part) in parts.iter().enumerate() {
+            let c0 = cb * col_block;
+            let cols = part.len() / pairs;
+            for pr in 0..pairs {
+                mixed[pr * w + c0..pr * w + c0 + cols].copy_from_slice(&part[pr * cols..(pr + 1) * cols]);
+            }
+        }
+        // V after the weighted sum: every pair through all of Wv, then each pair keeps its
+        // head's columns (16x the needed FLOPs, but one packed matmul of a few hundred rows).
+        let values = att.v.forward(&mixed, pairs);
         let mut heads_out = vec![0.0f32; nq * w];
         for i in 0..nq {
             for hh in 0..heads {
-                let src = &mixed[(i * heads + hh) * w..(i * heads + hh + 1) * w];
-                let dst = &mut heads_out[i * w + hh * d..i * w + (hh + 1) * d];
-                small_matmul(1, d, w, dst, false, src, w, 1, &att.wv[hh * d * w..], 1, w);
-                dst.iter_mut().zip(&att.bv[hh * d..(hh + 1) * d]).for_each(|(x, b)| *x += b);
+                let src = &values[(i * heads + hh) * w + hh * d..(i * heads + hh) * w + (hh + 1) * d];
+                heads_out[i * w + hh * d..i * w + (hh + 1) * d].copy_from_slice(src);
             }
         }
         att.out.forward(&heads_out, nq)
@@ -384,9 +400,9 @@ impl JointHead {
         let c = &self.config;
         let (w, heads, d) = (c.width, c.heads, c.head_dim());
         let scale = c.attention_scale();
-        let q = linear_rows(a, n, &att.wq, w, w, Some(&att.bq));
-        let k = linear_rows(a, n, &att.wk, w, w, Some(&att.bk));
-        let v = linear_rows(a, n, &att.wv, w, w, Some(&att.bv));
+        let q = att.q.forward(a, n);
+        let k = att.k.forward(a, n);
+        let v = att.v.forward(a, n);
         let mut out = vec![0.0f32; n * w];
         for hh in 0..heads {
             for i in 0..n {
@@ -405,16 +421,4 @@ impl JointHead {
         }
         att.out.forward(&out, n)
     }
-}
-
-/// `x[rows, inp] · W[out, inp]ᵀ + b` for small row counts (no packing).
-fn linear_rows(x: &[f32], rows: usize, w: &[f32], out: usize, inp: usize, b: Option<&[f32]>) -> Vec<f32> {
-    let mut y = vec![0.0f32; rows * out];
-    small_matmul(rows, out, inp, &mut y, false, x, inp, 1, w, 1, inp);
-    if let Some(b) = b {
-        for row in y.chunks_mut(out) {
-            row.iter_mut().zip(b).for_each(|(v, bv)| *v += bv);
-        }
-    }
-    y
 }

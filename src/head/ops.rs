@@ -3,6 +3,7 @@
 
 use clef_device::cpu::matmul::{self, PackedWeight};
 use clef_device::{HostWeight, WeightFormat};
+use rayon::prelude::*;
 
 /// `y = x Wᵀ (+ b)` with `W` `[out, in]`.
 pub struct Linear {
@@ -42,14 +43,14 @@ impl LayerNorm {
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let n = self.weight.len();
         let mut out = x.to_vec();
-        for row in out.chunks_mut(n) {
+        out.par_chunks_mut(n).for_each(|row| {
             let mean = row.iter().sum::<f32>() / n as f32;
             let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
             let inv = 1.0 / (var + LN_EPS).sqrt();
             for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
                 *v = (*v - mean) * inv * w + b;
             }
-        }
+        });
         out
     }
 }

@@ -17,8 +17,12 @@ pub const PANEL: usize = 32;
 const MR: usize = 12;
 /// Input channels per cache block.
 const KC: usize = 512;
-/// Panels per rayon task.
+/// Panels per rayon task (when tasks split the output columns).
 const PANELS_PER_TASK: usize = 2;
+/// Rows per rayon task (when tasks split the tokens), a multiple of `MR`.
+const MC: usize = 8 * MR;
+/// Above this size of `x`, tasks split the tokens instead of the output columns.
+const ROW_SPLIT_BYTES: usize = 4 << 20;
 
 /// Panel storage.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,32 +106,37 @@ pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
     if rows == 0 || w.n == 0 {
         return y;
     }
-    let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
     let out = SendPtr(y.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
-    let fast = std::arch::is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    let fast = false;
-    // Token blocks of MR rows, interleaved [block][k][MR], so a tile's broadcasts walk one
-    // contiguous stream; shared by every task.
-    let packed_x = if fast {
-        pack_token_blocks(x, rows, w.k)
-    } else {
-        Vec::new()
-    };
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // Token blocks of MR rows, interleaved [block][k][MR], so a tile's broadcasts walk one
+        // contiguous stream; shared by every task.
+        let packed_x = pack_token_blocks(x, rows, w.k);
+        if rows * w.k * 4 > ROW_SPLIT_BYTES {
+            // x does not stay in cache: each task takes a block of rows and every panel, so x is
+            // read once and the (smaller, cache-resident) weight blocks are reused.
+            let blocks: Vec<usize> = (0..rows).step_by(MC).collect();
+            blocks.par_iter().for_each(|&r0| {
+                let r1 = (r0 + MC).min(rows);
+                // SAFETY: each task writes only rows [r0, r1) of `y`; shapes checked by the caller.
+                unsafe { avx512::panels(&packed_x, r0..r1, w, 0..w.panels(), out.ptr()) };
+            });
+        } else {
+            let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
+            groups.par_iter().for_each(|&first| {
+                let last = (first + PANELS_PER_TASK).min(w.panels());
+                // SAFETY: each task writes only the columns of its own panels.
+                unsafe { avx512::panels(&packed_x, 0..rows, w, first..last, out.ptr()) };
+            });
+        }
+        return y;
+    }
+    let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
     groups.par_iter().for_each(|&first| {
         let last = (first + PANELS_PER_TASK).min(w.panels());
         // SAFETY: each task writes only the columns of its own panels; `x` is `[rows, k]` and
-        // `y` is `[rows, n]` (checked by the caller), panel offsets stay inside the packing.
-        unsafe {
-            #[cfg(target_arch = "x86_64")]
-            if fast {
-                avx512::panels(&packed_x, rows, w, first, last, out.ptr());
-                return;
-            }
-            let _ = fast;
-            portable_panels(x, rows, w, first, last, out.ptr());
-        }
+        // `y` is `[rows, n]` (checked by the caller).
+        unsafe { portable_panels(x, rows, w, first, last, out.ptr()) };
     });
     y
 }
@@ -203,26 +212,25 @@ mod avx512 {
     use super::{PackedWeight, PanelData, KC, MR, PANEL};
     use std::arch::x86_64::*;
 
-    /// Panels `[first, last)`: for each block of `KC` input channels, every panel, every tile
-    /// of `MR` tokens.
+    /// Rows `rows` (starting on a token block) of panels `panels`: for each block of `KC`
+    /// input channels, every panel, every tile of `MR` tokens.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn panels(
         xp: &[f32],
-        rows: usize,
+        rows: std::ops::Range<usize>,
         w: &PackedWeight,
-        first: usize,
-        last: usize,
+        panels: std::ops::Range<usize>,
         y: *mut f32,
     ) {
         let (n, k) = (w.n, w.k);
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
-            for p in first..last {
+            for p in panels.clone() {
                 let cols = PANEL.min(n - p * PANEL);
-                let mut r0 = 0;
-                while r0 < rows {
-                    let m = MR.min(rows - r0);
+                let mut r0 = rows.start;
+                while r0 < rows.end {
+                    let m = MR.min(rows.end - r0);
                     // Token block r0/MR, input channel k0 of the packed x.
                     let a = xp.as_ptr().add(r0 * k + k0 * MR);
                     let c = y.add(r0 * n + p * PANEL);
@@ -541,6 +549,7 @@ mod tests {
         check(25, 64, 1100); // several K blocks
         check(1, 5, 3);
         check(12, 32, 512);
+        check(1030, 40, 1030); // x over 4 MiB: tasks split the tokens
     }
 
     #[test]

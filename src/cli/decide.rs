@@ -1,0 +1,56 @@
+//! `clef-tt decide`: answer requests from a file with a local model, one result line per
+//! request — `{"status": <http status>, "body": <response or error body>}` — the same bodies the
+//! server sends under the same limits. `--max-length N` applies the reference's single budget
+//! instead (the state silently cut to fit), which is how the goldens' truncation cases run.
+
+use clef_device::MeshOps;
+use clef_tt::api::HostLimits;
+use clef_tt::encode::json::dumps;
+use clef_tt::encode::LengthRule;
+use clef_tt::engine::Pipeline;
+use serde_json::json;
+use std::io::Write;
+
+/// The request bodies of a file: the whole file when it is one JSON value, else one per
+/// non-empty line (a bad line still becomes a request, answered with its parse error).
+pub fn bodies(text: &str) -> Vec<String> {
+    if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
+        return vec![text.to_string()];
+    }
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// One result line for one body.
+pub fn result_line<B: MeshOps>(
+    pipeline: &Pipeline<B>,
+    body: &str,
+    rule: LengthRule,
+    limits: Option<&HostLimits>,
+) -> String {
+    let (status, body) = match pipeline.decide_body(body.as_bytes(), rule, limits) {
+        Ok(d) => (200, d.response),
+        Err(e) => (e.status, e.body()),
+    };
+    dumps(&json!({"status": status, "body": body}), false)
+}
+
+/// Answer every body of `text`, writing one line each to `out`.
+pub fn run<B: MeshOps>(
+    pipeline: &Pipeline<B>,
+    text: &str,
+    rule: LengthRule,
+    out: &mut impl Write,
+) -> std::io::Result<usize> {
+    let limits = match rule {
+        LengthRule::Reference { .. } => None,
+        LengthRule::Server { .. } => Some(HostLimits::default()),
+    };
+    let all = bodies(text);
+    for body in &all {
+        writeln!(out, "{}", result_line(pipeline, body, rule, limits.as_ref()))?;
+    }
+    Ok(all.len())
+}
