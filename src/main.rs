@@ -7,9 +7,9 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
+use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
-use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::random::{make_random, Shape};
 use std::path::PathBuf;
 

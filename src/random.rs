@@ -320,7 +320,11 @@ fn write_safetensors(
 }
 
 /// Write `joint_head_config.json` and a random `joint_head.safetensors` of `head`'s shape.
-pub fn write_random_head(head: &JointHeadConfig, out: &Path, seed: u64) -> Result<(), MakeRandomError> {
+pub fn write_random_head(
+    head: &JointHeadConfig,
+    out: &Path,
+    seed: u64,
+) -> Result<(), MakeRandomError> {
     std::fs::create_dir_all(out).map_err(io_err(out))?;
     let head_tensors: Vec<(String, Vec<usize>, Vec<u8>)> = head
         .expected_tensors()

@@ -11,7 +11,11 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 fn python_table(key: &str) -> Vec<(f64, String)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/python_float_repr.json")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/python_float_repr.json"
+    ))
+    .unwrap();
     let json: Value = serde_json::from_str(&text).unwrap();
     json[key]
         .as_array()
@@ -19,8 +23,13 @@ fn python_table(key: &str) -> Vec<(f64, String)> {
         .iter()
         .map(|row| {
             let hex = row[0].as_str().unwrap();
-            let bytes: Vec<u8> = (0..8).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
-            (f64::from_le_bytes(bytes.try_into().unwrap()), row[1].as_str().unwrap().to_string())
+            let bytes: Vec<u8> = (0..8)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            (
+                f64::from_le_bytes(bytes.try_into().unwrap()),
+                row[1].as_str().unwrap().to_string(),
+            )
         })
         .collect()
 }
@@ -51,7 +60,10 @@ fn render_follows_python_json_dumps() {
         render(&v),
         "{\"A\":null,\"a\":[0,-0.0,1e+16,2.5e-07,12345678901234567890123,\"é\\u0007\\n\\\"\\\\/\u{2028}\"],\"b\":100.0,\"á\":true}"
     );
-    assert_eq!(render(&Value::from("plain <|im_end|> text")), "plain <|im_end|> text");
+    assert_eq!(
+        render(&Value::from("plain <|im_end|> text")),
+        "plain <|im_end|> text"
+    );
 }
 
 fn json_value() -> impl Strategy<Value = Value> {
@@ -84,13 +96,23 @@ fn same_value(a: &Value, b: &Value) -> bool {
                 x.as_f64() == y.as_f64()
             } else {
                 // Exact integers; -0 is 0.
-                let canon = |s: &str| if s == "-0" { "0".to_string() } else { s.to_string() };
+                let canon = |s: &str| {
+                    if s == "-0" {
+                        "0".to_string()
+                    } else {
+                        s.to_string()
+                    }
+                };
                 canon(&sx) == canon(&sy)
             }
         }
-        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q)),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+        }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
         }
         _ => a == b,
     }
@@ -128,17 +150,41 @@ fn invalid(body: &str) -> clef_tt::api::ApiError {
 #[test]
 fn shapes_the_reference_crashes_on_are_422_naming_the_field() {
     let e = invalid(r#"{"model":"m","state":"s","questions":{"q":"not an object"}}"#);
-    assert_eq!((e.status, e.msg.as_str()), (422, "q: question must be an object"));
-    let e = invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":"choice","criteria":["a","b"]}}}"#);
-    assert!(e.msg.starts_with("q: choice criteria must be an object"), "{}", e.msg);
-    assert_eq!(e.loc, vec![Value::from("body"), "questions".into(), "q".into(), "criteria".into()]);
+    assert_eq!(
+        (e.status, e.msg.as_str()),
+        (422, "q: question must be an object")
+    );
+    let e = invalid(
+        r#"{"model":"m","state":"s","questions":{"q":{"type":"choice","criteria":["a","b"]}}}"#,
+    );
+    assert!(
+        e.msg.starts_with("q: choice criteria must be an object"),
+        "{}",
+        e.msg
+    );
+    assert_eq!(
+        e.loc,
+        vec![
+            Value::from("body"),
+            "questions".into(),
+            "q".into(),
+            "criteria".into()
+        ]
+    );
     let e = invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":["noul"]}}}"#);
     assert_eq!(e.msg, "q: type must be noul, choice, or score");
-    let e = invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":"noul","criteria":["yes"]}}}"#);
-    assert!(e.msg.contains("noul criteria must be an object"), "{}", e.msg);
+    let e = invalid(
+        r#"{"model":"m","state":"s","questions":{"q":{"type":"noul","criteria":["yes"]}}}"#,
+    );
+    assert!(
+        e.msg.contains("noul criteria must be an object"),
+        "{}",
+        e.msg
+    );
     let e = invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":"score","criteria":7}}}"#);
     assert!(e.msg.contains("score criteria must be a list"), "{}", e.msg);
-    let e = invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":"noul"}},"truncate":"yes"}"#);
+    let e =
+        invalid(r#"{"model":"m","state":"s","questions":{"q":{"type":"noul"}},"truncate":"yes"}"#);
     assert_eq!(e.loc.last().unwrap(), "truncate");
     let e = invalid("{\"model\": \"m\", \"state\": \"\\ud800\"}");
     assert_eq!((e.status, e.kind.as_str()), (422, "json_invalid"));
@@ -148,30 +194,57 @@ fn shapes_the_reference_crashes_on_are_422_naming_the_field() {
 
 #[test]
 fn host_bounds_are_422_naming_the_count() {
-    let many: String = (0..65).map(|i| format!("\"q{i}\":{{\"type\":\"noul\"}}")).collect::<Vec<_>>().join(",");
-    let e = invalid(&format!(r#"{{"model":"m","state":"s","questions":{{{many}}}}}"#));
+    let many: String = (0..65)
+        .map(|i| format!("\"q{i}\":{{\"type\":\"noul\"}}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let e = invalid(&format!(
+        r#"{{"model":"m","state":"s","questions":{{{many}}}}}"#
+    ));
     assert!(e.msg.contains("65 questions; at most 64"), "{}", e.msg);
-    let opts: String = (0..256).map(|i| format!("\"o{i}\":null")).collect::<Vec<_>>().join(",");
-    let e = invalid(&format!(r#"{{"model":"m","state":"s","questions":{{"c":{{"type":"choice","criteria":{{{opts}}}}}}}}}"#));
-    assert!(e.msg.contains("256 choice options; at most 255"), "{}", e.msg);
-    let e = invalid(r#"{"model":"m","state":"s","questions":{"s":{"type":"score","criteria":[1,2,3,4,5,6,7,8,9,10,11]}}}"#);
+    let opts: String = (0..256)
+        .map(|i| format!("\"o{i}\":null"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let e = invalid(&format!(
+        r#"{{"model":"m","state":"s","questions":{{"c":{{"type":"choice","criteria":{{{opts}}}}}}}}}"#
+    ));
+    assert!(
+        e.msg.contains("256 choice options; at most 255"),
+        "{}",
+        e.msg
+    );
+    let e = invalid(
+        r#"{"model":"m","state":"s","questions":{"s":{"type":"score","criteria":[1,2,3,4,5,6,7,8,9,10,11]}}}"#,
+    );
     assert!(e.msg.contains("11 score levels; at most 10"), "{}", e.msg);
 }
 
 fn tokenizer() -> tokenizers::Tokenizer {
-    clef_tt::checkpoint::Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap().tokenizer().unwrap()
+    clef_tt::checkpoint::Checkpoint::open(&common::fixtures().join("tiny-clef"))
+        .unwrap()
+        .tokenizer()
+        .unwrap()
 }
 
-fn encode_body(body: &str, rule: LengthRule) -> Result<clef_tt::encode::EncodedRecord, EncodeError> {
+fn encode_body(
+    body: &str,
+    rule: LengthRule,
+) -> Result<clef_tt::encode::EncodedRecord, EncodeError> {
     let r = validate(&parse_body(body.as_bytes()).unwrap(), None).unwrap();
     encode(&tokenizer(), &r, &[], rule)
 }
 
 #[test]
 fn an_empty_instruction_span_is_422_not_nan() {
-    let e = encode_body(r#"{"model":"m","state":"s","questions":{"":{"type":"noul"}}}"#, LengthRule::Reference { max_length: 16384 });
+    let e = encode_body(
+        r#"{"model":"m","state":"s","questions":{"":{"type":"noul"}}}"#,
+        LengthRule::Reference { max_length: 16384 },
+    );
     match e {
-        Err(EncodeError::Api(e)) => assert!(e.msg.contains("instruction text is empty"), "{}", e.msg),
+        Err(EncodeError::Api(e)) => {
+            assert!(e.msg.contains("instruction text is empty"), "{}", e.msg)
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -179,8 +252,14 @@ fn an_empty_instruction_span_is_422_not_nan() {
 #[test]
 fn server_lengths_refuse_or_truncate_the_state_piece() {
     let state = "word ".repeat(400);
-    let body = format!(r#"{{"model":"m","state":"{state}","questions":{{"q":{{"type":"noul","instructions":"Is it long?"}}}}}}"#);
-    let strict = LengthRule::Server { max_state: 200, max_tail: 4096, truncate: false };
+    let body = format!(
+        r#"{{"model":"m","state":"{state}","questions":{{"q":{{"type":"noul","instructions":"Is it long?"}}}}}}"#
+    );
+    let strict = LengthRule::Server {
+        max_state: 200,
+        max_tail: 4096,
+        truncate: false,
+    };
     match encode_body(&body, strict) {
         Err(EncodeError::Api(e)) => {
             assert_eq!(e.kind, "max_tokens_exceeded");
@@ -188,15 +267,38 @@ fn server_lengths_refuse_or_truncate_the_state_piece() {
         }
         other => panic!("{other:?}"),
     }
-    let cut = encode_body(&body, LengthRule::Server { max_state: 200, max_tail: 4096, truncate: true }).unwrap();
+    let cut = encode_body(
+        &body,
+        LengthRule::Server {
+            max_state: 200,
+            max_tail: 4096,
+            truncate: true,
+        },
+    )
+    .unwrap();
     assert!(cut.truncated);
     assert_eq!(cut.state_end, 200);
-    let whole = encode_body(&body, LengthRule::Server { max_state: 16384, max_tail: 4096, truncate: false }).unwrap();
+    let whole = encode_body(
+        &body,
+        LengthRule::Server {
+            max_state: 16384,
+            max_tail: 4096,
+            truncate: false,
+        },
+    )
+    .unwrap();
     assert!(!whole.truncated);
     // The kept state tokens are the first ones, and the schema follows unchanged.
     assert_eq!(&cut.input_ids[..200], &whole.input_ids[..200]);
     assert_eq!(&cut.input_ids[200..], &whole.input_ids[whole.state_end..]);
-    match encode_body(&body, LengthRule::Server { max_state: 16384, max_tail: 10, truncate: true }) {
+    match encode_body(
+        &body,
+        LengthRule::Server {
+            max_state: 16384,
+            max_tail: 10,
+            truncate: true,
+        },
+    ) {
         Err(EncodeError::Api(e)) => assert_eq!(e.kind, "max_tokens_exceeded"),
         other => panic!("{other:?}"),
     }

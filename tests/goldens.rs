@@ -15,8 +15,11 @@ use clef_tt::head::answer::answer_rounded_with;
 use serde_json::Value;
 
 fn lines(name: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens").join(name)).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let text =
+        std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens").join(name)).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn num(v: &Value) -> f64 {
@@ -31,13 +34,23 @@ fn same(got: &Value, want: &Value, unrounded: &Value, path: &str) {
             let kb: Vec<&String> = b.keys().collect();
             assert_eq!(ka, kb, "{path}: keys or their order differ");
             for k in kb {
-                same(&a[k], &b[k], unrounded.get(k).unwrap_or(&Value::Null), &format!("{path}.{k}"));
+                same(
+                    &a[k],
+                    &b[k],
+                    unrounded.get(k).unwrap_or(&Value::Null),
+                    &format!("{path}.{k}"),
+                );
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             assert_eq!(a.len(), b.len(), "{path}");
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                same(x, y, unrounded.get(i).unwrap_or(&Value::Null), &format!("{path}[{i}]"));
+                same(
+                    x,
+                    y,
+                    unrounded.get(i).unwrap_or(&Value::Null),
+                    &format!("{path}[{i}]"),
+                );
             }
         }
         (Value::Number(_), Value::Number(_)) => {
@@ -72,7 +85,9 @@ fn every_golden_record_matches_the_f32_reference() {
             let parsed = parse_body(body.as_bytes()).unwrap();
             let r = validate(&parsed, None).unwrap();
             match encode(pipeline.tokenizer(), &r, &[], rule) {
-                Err(EncodeError::Api(e)) => assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}"),
+                Err(EncodeError::Api(e)) => {
+                    assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}")
+                }
                 other => panic!("{id}: expected an error, got {other:?}"),
             }
             errors += 1;
@@ -80,14 +95,21 @@ fn every_golden_record_matches_the_f32_reference() {
         }
         let result = pipeline.decide_body(body.as_bytes(), rule, None);
         if exp["status"] == "error" {
-            let e: ApiError = result.err().unwrap_or_else(|| panic!("{id}: expected an error"));
+            let e: ApiError = result
+                .err()
+                .unwrap_or_else(|| panic!("{id}: expected an error"));
             assert_eq!(e.status, 422, "{id}");
             assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}");
             errors += 1;
             continue;
         }
         let d = result.unwrap_or_else(|e| panic!("{id}: {e}"));
-        let want_ids: Vec<u32> = exp["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want_ids: Vec<u32> = exp["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(d.record.input_ids, want_ids, "{id}: input ids");
         let parsed = parse_body(body.as_bytes()).unwrap();
         let request = validate(&parsed, None).unwrap();
@@ -95,14 +117,35 @@ fn every_golden_record_matches_the_f32_reference() {
         for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
             let enc = &d.record.questions[k];
             assert_eq!(enc.id, q["question_id"].as_str().unwrap(), "{id} q{k}");
-            assert_eq!(enc.kind as u64, q["question_type"].as_u64().unwrap(), "{id} q{k}");
+            assert_eq!(
+                enc.kind as u64,
+                q["question_type"].as_u64().unwrap(),
+                "{id} q{k}"
+            );
             let span = [enc.span.0 as u64, enc.span.1 as u64];
-            assert_eq!(serde_json::json!(span), q["question_span"], "{id} q{k} span");
+            assert_eq!(
+                serde_json::json!(span),
+                q["question_span"],
+                "{id} q{k} span"
+            );
             let spans: Vec<[usize; 2]> = enc.option_spans.iter().map(|s| [s.0, s.1]).collect();
-            assert_eq!(serde_json::json!(spans), q["option_spans"], "{id} q{k} option spans");
-            assert_eq!(serde_json::json!(enc.option_ids), q["option_ids"], "{id} q{k} option ids");
+            assert_eq!(
+                serde_json::json!(spans),
+                q["option_spans"],
+                "{id} q{k} option spans"
+            );
+            assert_eq!(
+                serde_json::json!(enc.option_ids),
+                q["option_ids"],
+                "{id} q{k} option ids"
+            );
             let want_logits: Vec<f64> = q["logits"].as_array().unwrap().iter().map(num).collect();
-            let want_probs: Vec<f64> = q["probabilities"].as_array().unwrap().iter().map(num).collect();
+            let want_probs: Vec<f64> = q["probabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(num)
+                .collect();
             for (a, b) in d.logits[k].iter().zip(&want_logits) {
                 let diff = (*a as f64 - b).abs();
                 max_dlogit = max_dlogit.max(diff);
@@ -113,11 +156,18 @@ fn every_golden_record_matches_the_f32_reference() {
                 max_dp = max_dp.max(diff);
                 assert!(diff <= 1e-3, "{id} q{k}: probability {a} vs {b}");
             }
-            let top = |p: &[f64]| p.iter().enumerate().fold(0, |best, (i, v)| if *v > p[best] { i } else { best });
+            let top = |p: &[f64]| {
+                p.iter()
+                    .enumerate()
+                    .fold(0, |best, (i, v)| if *v > p[best] { i } else { best })
+            };
             let ours: Vec<f64> = d.probabilities[k].iter().map(|&p| p as f64).collect();
             assert_eq!(top(&ours), top(&want_probs), "{id} q{k}: top option");
             let question = &request.questions[k];
-            unrounded.insert(question.id.clone(), answer_rounded_with(question, enc, &d.probabilities[k], |x| x));
+            unrounded.insert(
+                question.id.clone(),
+                answer_rounded_with(question, enc, &d.probabilities[k], |x| x),
+            );
         }
         let want = exp["response"].clone();
         let unrounded = serde_json::json!({"answers": unrounded});

@@ -67,10 +67,16 @@ impl Default for HostLimits {
 
 /// Parse a body as Python's `json.loads` would see it.
 pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| ApiError::invalid(&[], format!("the body is not UTF-8: {e}"), "json_invalid"))?;
-    serde_json::from_str(text)
-        .map_err(|e| ApiError::invalid(&[], format!("the body is not valid JSON: {e}"), "json_invalid"))
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        ApiError::invalid(&[], format!("the body is not UTF-8: {e}"), "json_invalid")
+    })?;
+    serde_json::from_str(text).map_err(|e| {
+        ApiError::invalid(
+            &[],
+            format!("the body is not valid JSON: {e}"),
+            "json_invalid",
+        )
+    })
 }
 
 /// Python truthiness of a JSON value.
@@ -103,7 +109,12 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
     };
     let questions = match obj.get("questions") {
         Some(Value::Object(q)) if !q.is_empty() => q,
-        _ => return Err(ApiError::value_error(&["questions"], "at least one question is required")),
+        _ => {
+            return Err(ApiError::value_error(
+                &["questions"],
+                "at least one question is required",
+            ))
+        }
     };
     let mut out = Vec::with_capacity(questions.len());
     for (id, q) in questions {
@@ -112,7 +123,13 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
     let truncate = match obj.get("truncate") {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
-        Some(_) => return Err(ApiError::invalid(&["truncate"], "truncate must be a boolean", "bool_type")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &["truncate"],
+                "truncate must be a boolean",
+                "bool_type",
+            ))
+        }
     };
     let has_media = ["images", "videos"]
         .iter()
@@ -133,7 +150,10 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
 fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
     let loc = ["questions", id];
     let Value::Object(q) = q else {
-        return Err(ApiError::value_error(&loc, format!("{id}: question must be an object")));
+        return Err(ApiError::value_error(
+            &loc,
+            format!("{id}: question must be an object"),
+        ));
     };
     let kind = match q.get("type") {
         Some(Value::String(s)) if s == "noul" => QuestionType::Noul,
@@ -149,7 +169,10 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
     let criteria = q.get("criteria").cloned();
     let cloc = ["questions", id, "criteria"];
     if kind != QuestionType::Noul && !criteria.as_ref().map(truthy).unwrap_or(false) {
-        return Err(ApiError::value_error(&cloc, format!("{id}: criteria must not be empty")));
+        return Err(ApiError::value_error(
+            &cloc,
+            format!("{id}: criteria must not be empty"),
+        ));
     }
     // Shapes the reference does not reject but crashes on.
     match (kind, &criteria) {
@@ -166,7 +189,10 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
             ))
         }
         (QuestionType::Score, Some(c)) if !(c.is_array() || c.is_object() || c.is_string()) => {
-            return Err(ApiError::value_error(&cloc, format!("{id}: score criteria must be a list of levels")))
+            return Err(ApiError::value_error(
+                &cloc,
+                format!("{id}: score criteria must be a list of levels"),
+            ))
         }
         _ => {}
     }
@@ -182,7 +208,11 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
     if r.questions.len() > l.max_questions {
         return Err(ApiError::value_error(
             &["questions"],
-            format!("{} questions; at most {} are allowed", r.questions.len(), l.max_questions),
+            format!(
+                "{} questions; at most {} are allowed",
+                r.questions.len(),
+                l.max_questions
+            ),
         ));
     }
     for q in &r.questions {

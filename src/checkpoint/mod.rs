@@ -129,14 +129,16 @@ impl Checkpoint {
             msg,
         };
         let text = std::fs::read_to_string(&self.tokenizer_path).map_err(|e| err(e.to_string()))?;
-        let mut json: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let mut json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         if self.tokenizer_class().as_deref() == Some("Qwen2Tokenizer") {
             if let Some(p) = json.pointer_mut("/pre_tokenizer/pretokenizers/0/pattern/Regex") {
                 *p = serde_json::Value::from(QWEN2_TOKENIZER_SPLIT);
             }
         }
         let text = serde_json::to_string(&json).map_err(|e| err(e.to_string()))?;
-        text.parse::<tokenizers::Tokenizer>().map_err(|e| err(e.to_string()))
+        text.parse::<tokenizers::Tokenizer>()
+            .map_err(|e| err(e.to_string()))
     }
 
     /// `tokenizer_class` of `tokenizer_config.json`, when the file exists.

@@ -133,7 +133,9 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
     let h = cfg.hidden_size;
     let mut out = Vec::new();
     for &t in rows {
-        let hidden: Vec<f32> = (0..t * h).map(|i| ((i * 2_654_435_761usize) % 1000) as f32 / 500.0 - 1.0).collect();
+        let hidden: Vec<f32> = (0..t * h)
+            .map(|i| ((i * 2_654_435_761usize) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
         // Six questions near the end of the prompt, as a schema sits after the state.
         let mut at = t.saturating_sub(6 * 40);
         let mut questions = Vec::new();
@@ -145,10 +147,18 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
             let mut option_spans = Vec::new();
             for _ in 0..options {
                 option_spans.push((at, at + 5));
-                lexical.push((0..h).map(|i| ((i * 31 + at) % 97) as f32 / 97.0 - 0.5).collect());
+                lexical.push(
+                    (0..h)
+                        .map(|i| ((i * 31 + at) % 97) as f32 / 97.0 - 0.5)
+                        .collect(),
+                );
                 at += 5;
             }
-            questions.push(HeadQuestion { type_index: q % 3, span, option_spans });
+            questions.push(HeadQuestion {
+                type_index: q % 3,
+                span,
+                option_spans,
+            });
         }
         let mut mem_times = Vec::new();
         let mut times = Vec::new();
@@ -156,9 +166,12 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
             let t0 = Instant::now();
             let memory = head.memory(&hidden, t);
             let t1 = Instant::now();
-            let logits = head.logits(&memory, &questions, &lexical);
+            let logits = head.logits(&hidden, &memory, &questions, &lexical);
             let t2 = Instant::now();
-            anyhow::ensure!(logits.iter().flatten().all(|l| l.is_finite()), "non-finite logits");
+            anyhow::ensure!(
+                logits.iter().flatten().all(|l| l.is_finite()),
+                "non-finite logits"
+            );
             mem_times.push((t1 - t0).as_secs_f64() * 1e3);
             times.push((t2 - t0).as_secs_f64() * 1e3);
         }
@@ -167,17 +180,28 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
         times.remove(0);
         mem_times.sort_by(|a, b| a.total_cmp(b));
         times.sort_by(|a, b| a.total_cmp(b));
-        let row = HeadRow { rows: t, memory_ms: mem_times[mem_times.len() / 2], total_ms: times[times.len() / 2] };
-        eprintln!("  {t} rows: {:.1} ms (memory projection {:.1} ms)", row.total_ms, row.memory_ms);
+        let row = HeadRow {
+            rows: t,
+            memory_ms: mem_times[mem_times.len() / 2],
+            total_ms: times[times.len() / 2],
+        };
+        eprintln!(
+            "  {t} rows: {:.1} ms (memory projection {:.1} ms)",
+            row.total_ms, row.memory_ms
+        );
         out.push(row);
     }
     Ok(out)
 }
 
 pub fn head_table(rows: &[HeadRow]) -> String {
-    let mut s = String::from("| rows | head total ms | of which memory projection ms |\n|---|---|---|\n");
+    let mut s =
+        String::from("| rows | head total ms | of which memory projection ms |\n|---|---|---|\n");
     for r in rows {
-        s.push_str(&format!("| {} | {:.1} | {:.1} |\n", r.rows, r.total_ms, r.memory_ms));
+        s.push_str(&format!(
+            "| {} | {:.1} | {:.1} |\n",
+            r.rows, r.total_ms, r.memory_ms
+        ));
     }
     s
 }

@@ -50,7 +50,11 @@ pub fn run<B: MeshOps>(
     };
     let all = bodies(text);
     for body in &all {
-        writeln!(out, "{}", result_line(pipeline, body, rule, limits.as_ref()))?;
+        writeln!(
+            out,
+            "{}",
+            result_line(pipeline, body, rule, limits.as_ref())
+        )?;
     }
     Ok(all.len())
 }

@@ -10,7 +10,8 @@ use tokenizers::Tokenizer;
 pub const SYSTEM_PROMPT: &str = "Read the complete state and schema. Decide every field jointly. Each answer must be exactly one of that field's allowed options.";
 pub const NOUL_TRUE: &str = "The proposition is true or the answer is yes.";
 pub const NOUL_FALSE: &str = "The proposition is false or the answer is no.";
-const SUFFIX: &str = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:";
+const SUFFIX: &str =
+    "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:";
 
 fn prefix_text() -> String {
     format!("<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n")

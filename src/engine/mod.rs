@@ -45,7 +45,11 @@ pub struct Pipeline<B: MeshOps> {
 impl<B: MeshOps> Pipeline<B> {
     pub fn new(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, PipelineError> {
         let head_files = ckpt.head.as_ref().ok_or_else(|| CheckpointError::Config {
-            file: ckpt.dir.join("joint_head_config.json").display().to_string(),
+            file: ckpt
+                .dir
+                .join("joint_head_config.json")
+                .display()
+                .to_string(),
             msg: "no joint head".into(),
         })?;
         let head = JointHead::load(head_files)?;
@@ -64,7 +68,12 @@ impl<B: MeshOps> Pipeline<B> {
     }
 
     /// Parse, validate, encode and answer one body.
-    pub fn decide_body(&self, body: &[u8], rule: LengthRule, limits: Option<&HostLimits>) -> Result<Decision, ApiError> {
+    pub fn decide_body(
+        &self,
+        body: &[u8],
+        rule: LengthRule,
+        limits: Option<&HostLimits>,
+    ) -> Result<Decision, ApiError> {
         let value = parse_body(body)?;
         let req = validate(&value, limits)?;
         self.decide(&req, rule)
@@ -80,7 +89,11 @@ impl<B: MeshOps> Pipeline<B> {
             ));
         }
         let rule = match rule {
-            LengthRule::Server { max_state, max_tail, truncate } => LengthRule::Server {
+            LengthRule::Server {
+                max_state,
+                max_tail,
+                truncate,
+            } => LengthRule::Server {
                 max_state,
                 max_tail,
                 truncate: truncate || req.truncate == Some(true),
@@ -97,11 +110,16 @@ impl<B: MeshOps> Pipeline<B> {
             .prefill(&record.input_ids, None)
             .map_err(|e| ApiError::internal(format!("prefill: {e}")))?;
         let memory = self.head.memory(&hidden.data, hidden.rows);
-        let logits = self.logits(&record, &memory)?;
+        let logits = self.logits(&record, &hidden.data, &memory)?;
         let model_seconds = started.elapsed().as_secs_f64();
         let probabilities: Vec<Vec<f32>> = logits.iter().map(|l| probabilities(l)).collect();
         let mut answers = Map::new();
-        for ((q, enc), probs) in req.questions.iter().zip(&record.questions).zip(&probabilities) {
+        for ((q, enc), probs) in req
+            .questions
+            .iter()
+            .zip(&record.questions)
+            .zip(&probabilities)
+        {
             answers.insert(q.id.clone(), answer(q, enc, probs));
         }
         let mut response = json!({
@@ -123,7 +141,12 @@ impl<B: MeshOps> Pipeline<B> {
     }
 
     /// The head's logits for an encoded record, given its memory rows.
-    pub fn logits(&self, record: &EncodedRecord, memory: &crate::head::HeadMemory) -> Result<Vec<Vec<f32>>, ApiError> {
+    pub fn logits(
+        &self,
+        record: &EncodedRecord,
+        hidden: &[f32],
+        memory: &crate::head::HeadMemory,
+    ) -> Result<Vec<Vec<f32>>, ApiError> {
         let info = self
             .lm_head
             .info(LM_HEAD)
@@ -149,6 +172,6 @@ impl<B: MeshOps> Pipeline<B> {
                 option_spans: q.option_spans.clone(),
             });
         }
-        Ok(self.head.logits(memory, &questions, &lexical))
+        Ok(self.head.logits(hidden, memory, &questions, &lexical))
     }
 }

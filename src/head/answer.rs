@@ -16,7 +16,9 @@ pub fn probabilities(logits: &[f32]) -> Vec<f32> {
 }
 
 fn num(x: f64) -> Value {
-    Number::from_f64(x).map(Value::Number).unwrap_or(Value::Null)
+    Number::from_f64(x)
+        .map(Value::Number)
+        .unwrap_or(Value::Null)
 }
 
 /// One question's answer. `probs` are in model option order (`encoded.option_ids`).
@@ -61,7 +63,10 @@ pub fn answer_rounded_with(
             let (choice, top) = best.map(|(k, v)| (k.clone(), v)).unwrap_or_default();
             out.insert("choice".into(), Value::from(choice));
             out.insert("confidence".into(), num(round4(top)));
-            let probs: Map<String, Value> = keys.iter().map(|k| ((*k).clone(), num(round4(p(k))))).collect();
+            let probs: Map<String, Value> = keys
+                .iter()
+                .map(|k| ((*k).clone(), num(round4(p(k)))))
+                .collect();
             out.insert("probabilities".into(), Value::Object(probs));
         }
         QuestionType::Score => {

@@ -21,6 +21,14 @@ pub struct HeadQuestion {
     pub option_spans: Vec<(usize, usize)>,
 }
 
+/// Mean and `1/sqrt(var + eps)` of a row (LayerNorm statistics).
+fn row_stats(x: &[f32]) -> (f32, f32) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + super::ops::LN_EPS).sqrt())
+}
+
 /// `nn.MultiheadAttention` weights, split into Q, K, V.
 struct Attention {
     q: Linear,
@@ -54,7 +62,7 @@ struct DecoderLayer {
 pub struct JointHead {
     pub config: JointHeadConfig,
     hidden_norm: LayerNorm,
-    memory_projection: PackedWeight,
+    memory_projection: FoldedMemoryProjection,
     question_projection: Linear,
     option_question_projection: Linear,
     global_projection: Linear,
@@ -73,14 +81,20 @@ pub struct JointHead {
     gate: f32,
 }
 
-/// The head's memory rows `M = memory_projection(LN(hidden))` and the normalised rows, kept so
-/// a prefix of them can be reused (prefix cache).
+/// The head's memory rows `M = memory_projection(LN(hidden))`, `[T, W]` (rows are
+/// independent, so a prefix of them can be kept and extended).
 pub struct HeadMemory {
-    /// `[T, H]` LayerNorm'd hidden rows.
-    pub normed: Vec<f32>,
-    /// `[T, W]` memory rows.
     pub memory: Vec<f32>,
     pub rows: usize,
+}
+
+/// The memory projection with the hidden LayerNorm folded in:
+/// `W·LN(h) = (W diag γ)·h / σ − (μ/σ)·Wγ + Wβ`, so the `[T, H]` normalised rows are never
+/// materialised.
+struct FoldedMemoryProjection {
+    scaled: PackedWeight,
+    gamma_sum: Vec<f32>,
+    beta_term: Vec<f32>,
 }
 
 impl JointHead {
@@ -88,11 +102,14 @@ impl JointHead {
         let c = files.config.clone();
         let (h, w, f) = (c.hidden_size, c.width, c.feedforward);
         let get = |name: &str| -> Result<Vec<f32>, CheckpointError> {
-            let info = files.tensors.info(name).ok_or_else(|| CheckpointError::Tensor {
-                file: "joint_head.safetensors".into(),
-                tensor: name.into(),
-                msg: "missing".into(),
-            })?;
+            let info = files
+                .tensors
+                .info(name)
+                .ok_or_else(|| CheckpointError::Tensor {
+                    file: "joint_head.safetensors".into(),
+                    tensor: name.into(),
+                    msg: "missing".into(),
+                })?;
             Ok(files.tensors.read_f32(info, 0, info.elements()))
         };
         let ln = |name: &str| -> Result<LayerNorm, CheckpointError> {
@@ -101,10 +118,15 @@ impl JointHead {
                 bias: get(&format!("{name}.bias"))?,
             })
         };
-        let lin = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, CheckpointError> {
-            let b = if bias { Some(get(&format!("{name}.bias"))?) } else { None };
-            Ok(Linear::new(get(&format!("{name}.weight"))?, out, inp, b))
-        };
+        let lin =
+            |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, CheckpointError> {
+                let b = if bias {
+                    Some(get(&format!("{name}.bias"))?)
+                } else {
+                    None
+                };
+                Ok(Linear::new(get(&format!("{name}.weight"))?, out, inp, b))
+            };
         let mha = |name: &str| -> Result<Attention, CheckpointError> {
             let wi = get(&format!("{name}.in_proj_weight"))?;
             let bi = get(&format!("{name}.in_proj_bias"))?;
@@ -125,11 +147,14 @@ impl JointHead {
             })
         };
         let scalar = |name: &str| -> Result<f32, CheckpointError> {
-            get(name)?.first().copied().ok_or_else(|| CheckpointError::Tensor {
-                file: "joint_head.safetensors".into(),
-                tensor: name.into(),
-                msg: "empty scalar".into(),
-            })
+            get(name)?
+                .first()
+                .copied()
+                .ok_or_else(|| CheckpointError::Tensor {
+                    file: "joint_head.safetensors".into(),
+                    tensor: name.into(),
+                    msg: "empty scalar".into(),
+                })
         };
         let evidence = (0..c.routing_layers)
             .map(|i| {
@@ -158,12 +183,21 @@ impl JointHead {
                 })
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;
-        let memory_projection = PackedWeight::pack(
-            &HostWeight::f32(w, h, get("memory_projection.weight")?),
-            WeightFormat::F32,
-        );
+        let hidden_norm = ln("hidden_norm")?;
+        let wm = get("memory_projection.weight")?;
+        let mut scaled = wm.clone();
+        for row in scaled.chunks_mut(h) {
+            row.iter_mut()
+                .zip(&hidden_norm.weight)
+                .for_each(|(v, g)| *v *= g);
+        }
+        let memory_projection = FoldedMemoryProjection {
+            scaled: PackedWeight::pack(&HostWeight::f32(w, h, scaled), WeightFormat::F32),
+            gamma_sum: wm.chunks(h).map(|r| dot(r, &hidden_norm.weight)).collect(),
+            beta_term: wm.chunks(h).map(|r| dot(r, &hidden_norm.bias)).collect(),
+        };
         Ok(JointHead {
-            hidden_norm: ln("hidden_norm")?,
+            hidden_norm,
             memory_projection,
             question_projection: lin("question_projection", w, h, false)?,
             option_question_projection: lin("option_question_projection", w, h, false)?,
@@ -185,30 +219,59 @@ impl JointHead {
         })
     }
 
-    /// LayerNorm and memory projection of `rows` hidden rows (appendable: rows are independent).
+    /// Memory rows of `rows` hidden rows (LayerNorm folded into the projection).
     pub fn memory(&self, hidden: &[f32], rows: usize) -> HeadMemory {
-        let normed = self.hidden_norm.forward(hidden);
-        let memory = matmul::linear(&normed, rows, &self.memory_projection);
-        HeadMemory {
-            normed,
-            memory,
-            rows,
-        }
+        let h = self.config.hidden_size;
+        let fold = &self.memory_projection;
+        let mut memory = matmul::linear(hidden, rows, &fold.scaled);
+        memory
+            .par_chunks_mut(self.config.width)
+            .zip(hidden.par_chunks(h))
+            .for_each(|(m, x)| {
+                let (mean, inv) = row_stats(x);
+                for ((v, gs), b) in m.iter_mut().zip(&fold.gamma_sum).zip(&fold.beta_term) {
+                    *v = *v * inv - mean * inv * gs + b;
+                }
+            });
+        HeadMemory { memory, rows }
+    }
+
+    /// The LayerNorm'd hidden row `t`.
+    fn normed_row(&self, hidden: &[f32], t: usize) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        self.hidden_norm.forward(&hidden[t * h..(t + 1) * h])
+    }
+
+    /// Mean of the LayerNorm'd hidden rows `[s, e)`.
+    fn normed_span_mean(&self, hidden: &[f32], (s, e): (usize, usize)) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        span_mean(
+            &self.hidden_norm.forward(&hidden[s * h..e * h]),
+            h,
+            0,
+            e - s,
+        )
     }
 
     /// Per-question option logits, in model option order.
     ///
     /// `lexical[o]` is the mean LM-head row over option o's span (flattened in question order).
-    pub fn logits(&self, mem: &HeadMemory, questions: &[HeadQuestion], lexical: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    /// `hidden` are the backbone's final rows `[T, H]` (only the spans and the last row are read).
+    pub fn logits(
+        &self,
+        hidden: &[f32],
+        mem: &HeadMemory,
+        questions: &[HeadQuestion],
+        lexical: &[Vec<f32>],
+    ) -> Vec<Vec<f32>> {
         let c = &self.config;
         let (h, w) = (c.hidden_size, c.width);
         let t = mem.rows;
-        let x = &mem.normed;
-        let g = &x[(t - 1) * h..t * h];
+        let g = &self.normed_row(hidden, t - 1);
         let nq = questions.len();
         let u: Vec<f32> = questions
             .iter()
-            .flat_map(|q| span_mean(x, h, q.span.0, q.span.1))
+            .flat_map(|q| self.normed_span_mean(hidden, q.span))
             .collect();
         let owner: Vec<usize> = questions
             .iter()
@@ -218,7 +281,11 @@ impl JointHead {
         let no = owner.len();
         let ctx: Vec<f32> = questions
             .iter()
-            .flat_map(|q| q.option_spans.iter().flat_map(|s| span_mean(x, h, s.0, s.1)))
+            .flat_map(|q| {
+                q.option_spans
+                    .iter()
+                    .flat_map(|s| self.normed_span_mean(hidden, *s))
+            })
             .collect();
         let lex: Vec<f32> = lexical.iter().flatten().copied().collect();
         // z = (context + lexical) + option_question(u of the owner).
@@ -311,12 +378,21 @@ impl JointHead {
                 row[3 * w + i] = (fq[i] - vo[i]).abs();
             }
         }
-        let hidden: Vec<f32> = self.scorer1.forward(&pairs, no).into_iter().map(gelu).collect();
+        let hidden: Vec<f32> = self
+            .scorer1
+            .forward(&pairs, no)
+            .into_iter()
+            .map(gelu)
+            .collect();
         let residual = self.scorer2.forward(&hidden, no);
         let mut out: Vec<Vec<f32>> = questions.iter().map(|_| Vec::new()).collect();
         for o in 0..no {
             let q = owner[o];
-            let mut anchor: Vec<f32> = u[q * h..(q + 1) * h].iter().zip(g).map(|(a, b)| a + b).collect();
+            let mut anchor: Vec<f32> = u[q * h..(q + 1) * h]
+                .iter()
+                .zip(g)
+                .map(|(a, b)| a + b)
+                .collect();
             let an = norm2(&anchor).max(1e-12);
             anchor.iter_mut().for_each(|a| *a /= an);
             let lo = &lexical[o];
@@ -334,7 +410,14 @@ impl JointHead {
 
     /// Multi-head attention of `nq` queries over `t` memory rows, K and V folded (see the
     /// module comment).
-    fn cross_attention(&self, att: &Attention, a: &[f32], nq: usize, m: &[f32], t: usize) -> Vec<f32> {
+    fn cross_attention(
+        &self,
+        att: &Attention,
+        a: &[f32],
+        nq: usize,
+        m: &[f32],
+        t: usize,
+    ) -> Vec<f32> {
         let c = &self.config;
         let (w, heads, d) = (c.width, c.heads, c.head_dim());
         let scale = c.attention_scale();
@@ -346,9 +429,22 @@ impl JointHead {
         for hh in 0..heads {
             let mut block = vec![0.0f32; nq * w];
             // [nq, d] (head hh of every query) · Wk rows [hh*d, (hh+1)*d) as [d, w].
-            small_matmul(nq, w, d, &mut block, false, &q[hh * d..], w, 1, &att.wk[hh * d * w..], w, 1);
+            small_matmul(
+                nq,
+                w,
+                d,
+                &mut block,
+                false,
+                &q[hh * d..],
+                w,
+                1,
+                &att.wk[hh * d * w..],
+                w,
+                1,
+            );
             for i in 0..nq {
-                qk[(i * heads + hh) * w..(i * heads + hh + 1) * w].copy_from_slice(&block[i * w..(i + 1) * w]);
+                qk[(i * heads + hh) * w..(i * heads + hh + 1) * w]
+                    .copy_from_slice(&block[i * w..(i + 1) * w]);
             }
         }
         // Scores [t, pairs] = m · qkᵀ, then a softmax over t per (query, head).
@@ -370,7 +466,19 @@ impl JointHead {
                 let c0 = cb * col_block;
                 let cols = col_block.min(w - c0);
                 let mut dst = vec![0.0f32; pairs * cols];
-                small_matmul(pairs, cols, t, &mut dst, false, &probs, t, 1, &m[c0..], w, 1);
+                small_matmul(
+                    pairs,
+                    cols,
+                    t,
+                    &mut dst,
+                    false,
+                    &probs,
+                    t,
+                    1,
+                    &m[c0..],
+                    w,
+                    1,
+                );
                 dst
             })
             .collect();
@@ -379,7 +487,8 @@ impl JointHead {
             let c0 = cb * col_block;
             let cols = part.len() / pairs;
             for pr in 0..pairs {
-                mixed[pr * w + c0..pr * w + c0 + cols].copy_from_slice(&part[pr * cols..(pr + 1) * cols]);
+                mixed[pr * w + c0..pr * w + c0 + cols]
+                    .copy_from_slice(&part[pr * cols..(pr + 1) * cols]);
             }
         }
         // V after the weighted sum: every pair through all of Wv, then each pair keeps its
@@ -388,7 +497,8 @@ impl JointHead {
         let mut heads_out = vec![0.0f32; nq * w];
         for i in 0..nq {
             for hh in 0..heads {
-                let src = &values[(i * heads + hh) * w + hh * d..(i * heads + hh) * w + (hh + 1) * d];
+                let src =
+                    &values[(i * heads + hh) * w + hh * d..(i * heads + hh) * w + (hh + 1) * d];
                 heads_out[i * w + hh * d..i * w + (hh + 1) * d].copy_from_slice(src);
             }
         }

@@ -112,7 +112,9 @@ pub fn softmax(v: &mut [f32]) {
 pub fn span_mean(x: &[f32], n: usize, start: usize, end: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n];
     for r in start..end {
-        out.iter_mut().zip(&x[r * n..(r + 1) * n]).for_each(|(o, v)| *o += v);
+        out.iter_mut()
+            .zip(&x[r * n..(r + 1) * n])
+            .for_each(|(o, v)| *o += v);
     }
     let count = (end - start) as f32;
     out.iter_mut().for_each(|o| *o /= count);
@@ -143,7 +145,11 @@ mod tests {
             (3.0, 0.999_977_909_503_001_4),
             (-1.5, -0.966_105_146_475_310_7),
         ] {
-            assert!((libm_erf(x) - want).abs() < 1e-15, "erf({x}) = {} vs {want}", libm_erf(x));
+            assert!(
+                (libm_erf(x) - want).abs() < 1e-15,
+                "erf({x}) = {} vs {want}",
+                libm_erf(x)
+            );
         }
     }
 }
