@@ -22,7 +22,7 @@ const PANELS_PER_TASK: usize = 2;
 /// Rows per rayon task (when tasks split the tokens), a multiple of `MR`.
 const MC: usize = 8 * MR;
 /// Above this size of `x`, tasks split the tokens instead of the output columns.
-const ROW_SPLIT_BYTES: usize = 4 << 20;
+const ROW_SPLIT_BYTES: usize = 64 << 20;
 
 /// Panel storage.
 #[derive(Clone, Debug, PartialEq)]
@@ -549,7 +549,7 @@ mod tests {
         check(25, 64, 1100); // several K blocks
         check(1, 5, 3);
         check(12, 32, 512);
-        check(1030, 40, 1030); // x over 4 MiB: tasks split the tokens
+        check(4100, 8, 4100); // x over 64 MiB: tasks split the tokens
     }
 
     #[test]
