@@ -26,6 +26,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the HTTP API (POST /v1/systemone, GET /v1/models, /health, /metrics).
+    Serve(ServeArgs),
     /// Print a checkpoint's configuration, tensor groups, head and tokenizer; exit non-zero on
     /// any inconsistency.
     Inspect {
@@ -78,6 +80,52 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Snapshot directory or hub id in the local HF cache (default: the built-in demo model).
+    #[arg(long, env = "CLEF_MODEL")]
+    model: Option<String>,
+    #[arg(long, env = "CLEF_REVISION")]
+    revision: Option<String>,
+    #[arg(long, env = "CLEF_HOST", default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, env = "CLEF_PORT", default_value_t = 8008)]
+    port: u16,
+    /// Workers (one mesh each).
+    #[arg(long, env = "CLEF_WORKERS", default_value_t = 1)]
+    workers: usize,
+    /// Mesh shape of each worker's (CPU) device.
+    #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+    mesh: String,
+    /// Weight format: f32 (the reference's f32 numbers) or bf16.
+    #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
+    precision: String,
+    /// Requests that may wait for a worker; more get 429.
+    #[arg(long, env = "CLEF_MAX_QUEUE", default_value_t = 64)]
+    max_queue: usize,
+    #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
+    max_state: usize,
+    #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
+    max_tail: usize,
+    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
+    truncate_states: bool,
+    /// Require `Authorization: Bearer <key>` on everything but /health.
+    #[arg(long, env = "CLEF_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Comma-separated model names to serve; unset accepts and echoes any name.
+    #[arg(long, env = "CLEF_MODEL_NAMES", value_delimiter = ',')]
+    model_names: Vec<String>,
+    /// Answer one request per worker before reporting ready.
+    #[arg(long, env = "CLEF_WARMUP", value_parser = parse_flag, default_value = "1")]
+    warmup: bool,
+    /// Add the hosted API's rules (instructions required, id pattern, 2+ options and levels).
+    #[arg(long, env = "CLEF_STRICT", value_parser = parse_flag, default_value = "0")]
+    strict: bool,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
+    max_body_bytes: usize,
 }
 
 #[derive(Subcommand)]
@@ -159,8 +207,46 @@ fn tune_allocator() {}
 
 fn main() -> anyhow::Result<()> {
     tune_allocator();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLEF_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(a) => {
+            let is_default_model = a.model.is_none();
+            let model_dir = match &a.model {
+                Some(m) => resolve_model_dir(m, a.revision.as_deref())?,
+                None => default_model_dir(),
+            };
+            cli::serve::run(cli::serve::ServeOptions {
+                model_dir,
+                is_default_model,
+                revision: a.revision,
+                host: a.host,
+                port: a.port,
+                workers: a.workers,
+                mesh: a.mesh.parse()?,
+                format: weight_format(&a.precision)?,
+                max_queue: a.max_queue,
+                max_state: a.max_state,
+                max_tail: a.max_tail,
+                truncate_states: a.truncate_states,
+                api_key: a.api_key,
+                model_names: a
+                    .model_names
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+                warmup: a.warmup,
+                strict: a.strict,
+                max_body_bytes: a.max_body_bytes,
+            })?;
+        }
         Command::Inspect { model, revision } => {
             let ckpt = open(model, revision.as_deref())?;
             let (text, problems) = cli::inspect::report(&ckpt)?;

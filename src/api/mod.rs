@@ -1,8 +1,10 @@
-//! The API surface without HTTP: request parsing and validation, errors, and (with the server
-//! issue) the routes.
+//! The API surface: request parsing and validation and error bodies (usable without HTTP), and
+//! the axum routes with their metrics.
 
 mod error;
+pub mod metrics;
 pub mod request;
+pub mod server;
 
 pub use error::ApiError;
 pub use request::{parse_body, validate, HostLimits, Question, QuestionType, SystemOneRequest};

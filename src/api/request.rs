@@ -53,6 +53,9 @@ pub struct HostLimits {
     pub max_questions: usize,
     pub max_choice_options: usize,
     pub max_score_levels: usize,
+    /// The hosted API's rules too: instructions required, ids `[A-Za-z0-9_.-]{1,100}`, at
+    /// least 2 choice options and 2 score levels.
+    pub strict: bool,
 }
 
 impl Default for HostLimits {
@@ -61,6 +64,7 @@ impl Default for HostLimits {
             max_questions: 64,
             max_choice_options: 255,
             max_score_levels: 10,
+            strict: false,
         }
     }
 }
@@ -217,6 +221,9 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
     }
     for q in &r.questions {
         let n = option_count(q);
+        if l.strict {
+            check_strict(q, n)?;
+        }
         let (max, what) = match q.kind {
             QuestionType::Choice => (l.max_choice_options, "choice options"),
             QuestionType::Score => (l.max_score_levels, "score levels"),
@@ -228,6 +235,37 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
                 format!("{}: {n} {what}; at most {max} are allowed", q.id),
             ));
         }
+    }
+    Ok(())
+}
+
+fn check_strict(q: &Question, options: usize) -> Result<(), ApiError> {
+    let id_ok = !q.id.is_empty()
+        && q.id.len() <= 100
+        && q.id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if !id_ok {
+        return Err(ApiError::value_error(
+            &["questions", &q.id],
+            format!(
+                "{:?}: question ids must match [A-Za-z0-9_.-]{{1,100}}",
+                q.id
+            ),
+        ));
+    }
+    let has_instructions = q.instructions.as_ref().is_some_and(truthy);
+    if !has_instructions {
+        return Err(ApiError::value_error(
+            &["questions", &q.id, "instructions"],
+            format!("{}: instructions are required", q.id),
+        ));
+    }
+    if q.kind != QuestionType::Noul && options < 2 {
+        return Err(ApiError::value_error(
+            &["questions", &q.id, "criteria"],
+            format!("{}: at least 2 options are required", q.id),
+        ));
     }
     Ok(())
 }

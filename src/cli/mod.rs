@@ -2,3 +2,4 @@
 pub mod bench;
 pub mod decide;
 pub mod inspect;
+pub mod serve;

@@ -1,6 +1,8 @@
 //! The decision pipeline of one worker: a validated request → encoded record → backbone
 //! prefill on the mesh → joint head on the host → the reference's response.
-//! (Workers, the bounded queue and the prefix cache build on this in later issues.)
+//! `worker` runs pipelines on worker threads behind a bounded queue.
+
+pub mod worker;
 
 use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
 use crate::backbone::{Backbone, LoadError};

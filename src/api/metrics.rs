@@ -1,0 +1,152 @@
+//! Prometheus text exposition of the server's counters: requests by route and status, latency
+//! histograms per route, queue depth, tokens processed. Hand-written (a few atomics and one
+//! mutex) rather than a metrics framework: the set is small and fixed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    latency: Mutex<BTreeMap<&'static str, Histogram>>,
+}
+
+/// Gauges and counters read from elsewhere at scrape time.
+pub struct Snapshot {
+    pub queued: usize,
+    pub running: usize,
+    pub workers_ready: usize,
+    pub workers: usize,
+    pub tokens: u64,
+    pub abandoned: u64,
+    pub panics: u64,
+}
+
+impl Metrics {
+    pub fn record(&self, route: &'static str, status: u16, seconds: f64) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry((route, status)).or_insert(0) += 1;
+        }
+        if let Ok(mut l) = self.latency.lock() {
+            let h = l.entry(route).or_default();
+            for (i, b) in BUCKETS.iter().enumerate() {
+                if seconds <= *b {
+                    h.counts[i] += 1;
+                }
+            }
+            h.count += 1;
+            h.sum += seconds;
+        }
+    }
+
+    pub fn render(&self, s: &Snapshot) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP clef_requests_total HTTP requests by route and status."
+        );
+        let _ = writeln!(out, "# TYPE clef_requests_total counter");
+        if let Ok(r) = self.requests.lock() {
+            for ((route, status), n) in r.iter() {
+                let _ = writeln!(
+                    out,
+                    "clef_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP clef_request_duration_seconds Wall time of HTTP requests."
+        );
+        let _ = writeln!(out, "# TYPE clef_request_duration_seconds histogram");
+        if let Ok(l) = self.latency.lock() {
+            for (route, h) in l.iter() {
+                for (b, c) in BUCKETS.iter().zip(h.counts) {
+                    let _ = writeln!(
+                        out,
+                        "clef_request_duration_seconds_bucket{{route=\"{route}\",le=\"{b}\"}} {c}"
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "clef_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
+                    h.count
+                );
+                let _ = writeln!(
+                    out,
+                    "clef_request_duration_seconds_sum{{route=\"{route}\"}} {}",
+                    h.sum
+                );
+                let _ = writeln!(
+                    out,
+                    "clef_request_duration_seconds_count{{route=\"{route}\"}} {}",
+                    h.count
+                );
+            }
+        }
+        let gauges = [
+            (
+                "clef_queue_depth",
+                "Requests waiting for a worker.",
+                "gauge",
+                s.queued as f64,
+            ),
+            (
+                "clef_requests_running",
+                "Requests a worker is running.",
+                "gauge",
+                s.running as f64,
+            ),
+            (
+                "clef_workers_ready",
+                "Workers that finished warm-up.",
+                "gauge",
+                s.workers_ready as f64,
+            ),
+            (
+                "clef_workers",
+                "Workers configured.",
+                "gauge",
+                s.workers as f64,
+            ),
+            (
+                "clef_tokens_total",
+                "Prompt tokens run through the model.",
+                "counter",
+                s.tokens as f64,
+            ),
+            (
+                "clef_abandoned_total",
+                "Queued requests dropped because the client left.",
+                "counter",
+                s.abandoned as f64,
+            ),
+            (
+                "clef_worker_panics_total",
+                "Requests that panicked inside a worker.",
+                "counter",
+                s.panics as f64,
+            ),
+        ];
+        for (name, help, kind, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+        out
+    }
+}

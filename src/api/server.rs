@@ -1,0 +1,336 @@
+//! The HTTP server: `POST /v1/systemone`, `GET /v1/models`, `GET /health` and `/v1/health`,
+//! `GET /metrics`. Order of checks on a decision: the bearer key (401), the body limit (413),
+//! content type (415), JSON and validation (422, before the model name), the served names
+//! (404), the queue (429 with `Retry-After`); then a worker answers (200, 422 for over-long
+//! prompts, 500 with a message if the worker fails).
+
+use super::metrics::{Metrics, Snapshot};
+use super::{parse_body, validate, ApiError, HostLimits};
+use crate::encode::json::dumps;
+use crate::encode::LengthRule;
+use crate::engine::worker::{Engine, Job, SubmitError};
+use axum::body::{to_bytes, Body};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the routes need to know besides the engine.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub api_key: Option<String>,
+    /// `CLEF_MODEL_NAMES`; empty = any name is accepted and echoed.
+    pub model_names: Vec<String>,
+    pub max_body_bytes: usize,
+    pub rule: LengthRule,
+    pub limits: HostLimits,
+    /// The `/v1/models` card of the served model.
+    pub card: Value,
+}
+
+/// Shared state of the routes.
+pub struct AppState {
+    pub engine: Engine,
+    pub settings: ServerSettings,
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, settings: ServerSettings) -> Arc<Self> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Arc::new(AppState {
+            engine,
+            settings,
+            metrics: Metrics::default(),
+            next_id: AtomicU64::new(seed << 16),
+        })
+    }
+
+    fn request_id(&self) -> String {
+        format!("req_{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let s = &self.engine.stats;
+        Snapshot {
+            queued: s.queued.load(Ordering::SeqCst),
+            running: s.running.load(Ordering::SeqCst),
+            workers_ready: s.ready.load(Ordering::SeqCst),
+            workers: self.engine.workers,
+            tokens: s.tokens.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
+            panics: s.panics.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/systemone", post(systemone))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
+    let mut resp = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        dumps(body, false),
+    )
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v.clone());
+        h.insert("x-typesafe-request-id", v);
+    }
+    resp
+}
+
+/// Seconds a client is told to wait after a 429.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+fn error_response(e: &ApiError, request_id: &str) -> Response {
+    let mut resp = json_response(e.status, &e.body(), request_id);
+    if e.status == 429 {
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    resp
+}
+
+fn status_error(status: u16, msg: impl Into<String>, kind: &str) -> ApiError {
+    ApiError {
+        status,
+        loc: vec![],
+        msg: msg.into(),
+        kind: kind.to_string(),
+    }
+}
+
+/// Constant-time comparison of the bearer key (no early exit on the first differing byte).
+fn key_matches(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = (given.len() ^ expected.len()) as u8;
+    for (i, e) in expected.iter().enumerate() {
+        diff |= e ^ given.get(i).copied().unwrap_or(0);
+    }
+    diff == 0 && given.len() == expected.len()
+}
+
+fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.settings.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if key_matches(given.trim().as_bytes(), key.as_bytes()) {
+        Ok(())
+    } else {
+        Err(status_error(
+            401,
+            "missing or invalid API key (Authorization: Bearer <key>)",
+            "authentication_error",
+        ))
+    }
+}
+
+async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let id = state.request_id();
+    let (resp, status, tokens) = match decide(&state, request).await {
+        Ok((body, tokens)) => (json_response(200, &body, &id), 200, tokens),
+        Err(e) => (error_response(&e, &id), e.status, 0),
+    };
+    let secs = started.elapsed().as_secs_f64();
+    state.metrics.record("/v1/systemone", status, secs);
+    tracing::info!(id = %id, status, tokens, ms = (secs * 1e3) as u64, "systemone");
+    resp
+}
+
+async fn decide(state: &AppState, request: Request) -> Result<(Value, usize), ApiError> {
+    let (parts, body) = request.into_parts();
+    check_key(state, &parts.headers)?;
+    let limit = state.settings.max_body_bytes;
+    let too_large = || {
+        status_error(
+            413,
+            format!("the request body is larger than {limit} bytes"),
+            "request_too_large",
+        )
+    };
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > limit {
+            return Err(too_large());
+        }
+    }
+    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        let mime = ct.split(';').next().unwrap_or("").trim();
+        if !(mime == "application/json" || mime.ends_with("+json")) {
+            return Err(status_error(
+                415,
+                format!("Content-Type must be application/json, not {mime:?}"),
+                "unsupported_media_type",
+            ));
+        }
+    }
+    if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
+        let enc = enc.to_str().unwrap_or("");
+        if !enc.eq_ignore_ascii_case("identity") {
+            return Err(status_error(
+                415,
+                format!("Content-Encoding {enc:?} is not supported; send the body uncompressed"),
+                "unsupported_media_type",
+            ));
+        }
+    }
+    let bytes = to_bytes(Body::new(body), limit)
+        .await
+        .map_err(|_| too_large())?;
+    let value = parse_body(&bytes)?;
+    let request = validate(&value, Some(&state.settings.limits))?;
+    let names = &state.settings.model_names;
+    if !names.is_empty() && !names.iter().any(|n| n == &request.model) {
+        return Err(ApiError {
+            status: 404,
+            loc: vec![Value::from("body"), Value::from("model")],
+            msg: format!(
+                "model {:?} is not served here; served models: {}",
+                request.model,
+                names.join(", ")
+            ),
+            kind: "model_not_found".into(),
+        });
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Job {
+        request,
+        rule: state.settings.rule,
+        reply: tx,
+    };
+    match state.engine.submit(job) {
+        Ok(()) => {}
+        Err(SubmitError::Full) => {
+            return Err(status_error(
+                429,
+                format!(
+                    "the queue is full ({} requests waiting); retry shortly",
+                    state.engine.capacity
+                ),
+                "rate_limit_exceeded",
+            ))
+        }
+        Err(SubmitError::Closed) => {
+            return Err(status_error(
+                503,
+                "the server is shutting down",
+                "unavailable",
+            ))
+        }
+    }
+    // If this future is dropped (the client went away), `rx` closes and the worker skips the job.
+    let decision = rx
+        .await
+        .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
+    let mut body = decision.response;
+    body["latency_ms"] = json!((decision.model_seconds * 1e4).round() / 10.0);
+    Ok((body, decision.record.input_ids.len()))
+}
+
+async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let id = state.request_id();
+    if let Err(e) = check_key(&state, &headers) {
+        state.metrics.record("/v1/models", e.status, 0.0);
+        return error_response(&e, &id);
+    }
+    let snap = state.snapshot();
+    let mut card = state.settings.card.clone();
+    card["counters"] =
+        json!({"tokens": snap.tokens, "queued": snap.queued, "abandoned": snap.abandoned});
+    let names: Vec<String> = if state.settings.model_names.is_empty() {
+        vec![card["name"].as_str().unwrap_or("clef").to_string()]
+    } else {
+        state.settings.model_names.clone()
+    };
+    let models: Vec<Value> = names
+        .into_iter()
+        .map(|n| {
+            let mut c = card.clone();
+            c["name"] = Value::from(n);
+            c
+        })
+        .collect();
+    state.metrics.record("/v1/models", 200, 0.0);
+    json_response(200, &json!({"models": models}), &id)
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let snap = state.snapshot();
+    let ready = state.engine.is_ready();
+    let body = json!({
+        "status": if ready { "ok" } else { "starting" },
+        "workers": snap.workers,
+        "workers_ready": snap.workers_ready,
+        "queued": snap.queued,
+    });
+    json_response(if ready { 200 } else { 503 }, &body, &state.request_id())
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&state.snapshot());
+    let mut resp = (StatusCode::OK, text).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+async fn not_found(State(state): State<Arc<AppState>>) -> Response {
+    let e = status_error(
+        404,
+        "no such route; see /v1/systemone, /v1/models, /health, /metrics",
+        "not_found",
+    );
+    error_response(&e, &state.request_id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_matches;
+
+    #[test]
+    fn key_comparison() {
+        assert!(key_matches(b"secret", b"secret"));
+        assert!(!key_matches(b"secreT", b"secret"));
+        assert!(!key_matches(b"secret1", b"secret"));
+        assert!(!key_matches(b"", b"secret"));
+    }
+}

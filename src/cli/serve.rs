@@ -1,0 +1,156 @@
+//! `clef-tt serve`: load the model once per worker, start the queue and the HTTP server, warm
+//! up, serve until SIGTERM/Ctrl-C, then finish the requests in flight and exit 0.
+
+use anyhow::Context;
+use clef_device::cpu::CpuMesh;
+use clef_device::{MeshShape, WeightFormat};
+use clef_tt::api::server::{router, AppState, ServerSettings};
+use clef_tt::api::{parse_body, validate, HostLimits};
+use clef_tt::checkpoint::Checkpoint;
+use clef_tt::encode::LengthRule;
+use clef_tt::engine::worker::Engine;
+use clef_tt::engine::Pipeline;
+use serde_json::json;
+
+/// Everything `serve` needs, resolved from flags and `CLEF_*` variables.
+pub struct ServeOptions {
+    pub model_dir: std::path::PathBuf,
+    pub is_default_model: bool,
+    pub revision: Option<String>,
+    pub host: String,
+    pub port: u16,
+    pub workers: usize,
+    pub mesh: MeshShape,
+    pub format: WeightFormat,
+    pub max_queue: usize,
+    pub max_state: usize,
+    pub max_tail: usize,
+    pub truncate_states: bool,
+    pub api_key: Option<String>,
+    pub model_names: Vec<String>,
+    pub warmup: bool,
+    pub strict: bool,
+    pub max_body_bytes: usize,
+}
+
+/// A tiny request each worker answers before it counts as ready.
+const WARMUP: &str = r#"{"model":"warmup","state":"warm-up","questions":{"ok":{"type":"noul","instructions":"Is the server ready?"}}}"#;
+
+fn card(o: &ServeOptions, ckpt: &Checkpoint) -> serde_json::Value {
+    let name = o.model_names.first().cloned().unwrap_or_else(|| {
+        if o.is_default_model {
+            "clef-tt-demo".into()
+        } else {
+            "clef".into()
+        }
+    });
+    let description = if o.is_default_model {
+        "DEMO: the built-in tiny random-weight Clef checkpoint (answers mean nothing)".to_string()
+    } else {
+        format!(
+            "Cloudflare Clef decision model from {}",
+            o.model_dir.display()
+        )
+    };
+    let t = &ckpt.config.text;
+    json!({
+        "name": name,
+        "description": description,
+        "release_date": "2026-11-29",
+        "demo": o.is_default_model,
+        "weights": {"path": o.model_dir.display().to_string(), "revision": o.revision},
+        "device": "cpu",
+        "mesh": o.mesh.to_string(),
+        "plan": format!("tensor parallel over the {} mesh of each worker", o.mesh),
+        "workers": o.workers,
+        "precision": o.format.name(),
+        "backbone": {"hidden_size": t.hidden_size, "layers": t.layers.len(), "vocab_size": t.vocab_size},
+        "limits": {
+            "max_state_tokens": o.max_state, "max_tail_tokens": o.max_tail,
+            "truncate_states": o.truncate_states, "max_queue": o.max_queue,
+            "max_body_bytes": o.max_body_bytes, "max_questions": 64,
+            "max_choice_options": 255, "max_score_levels": 10, "strict": o.strict,
+            "images": false
+        },
+        "prefix_cache": {"slots": 0, "note": "not implemented yet"}
+    })
+}
+
+pub fn run(o: ServeOptions) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::open(&o.model_dir)
+        .with_context(|| format!("opening {}", o.model_dir.display()))?;
+    if o.is_default_model {
+        tracing::warn!("serving the built-in DEMO model (tiny, random weights): its answers mean nothing; pass --model for a real checkpoint");
+    }
+    let mut pipelines = Vec::new();
+    for i in 0..o.workers.max(1) {
+        tracing::info!(worker = i, mesh = %o.mesh, precision = o.format.name(), "loading weights");
+        pipelines.push(Pipeline::new(&ckpt, CpuMesh::new(o.mesh), o.format)?);
+    }
+    let rule = LengthRule::Server {
+        max_state: o.max_state,
+        max_tail: o.max_tail,
+        truncate: o.truncate_states,
+    };
+    let limits = HostLimits {
+        strict: o.strict,
+        ..HostLimits::default()
+    };
+    let warmup = if o.warmup {
+        let value = parse_body(WARMUP.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Some((
+            validate(&value, None).map_err(|e| anyhow::anyhow!("{e}"))?,
+            rule,
+        ))
+    } else {
+        None
+    };
+    let engine = Engine::start(pipelines, o.max_queue, warmup);
+    let settings = ServerSettings {
+        api_key: o.api_key.clone().filter(|k| !k.is_empty()),
+        model_names: o.model_names.clone(),
+        max_body_bytes: o.max_body_bytes,
+        rule,
+        limits,
+        card: card(&o, &ckpt),
+    };
+    let state = AppState::new(engine, settings);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", o.host, o.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!("listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}

@@ -1,0 +1,166 @@
+//! Workers and the bounded queue. Each worker is an OS thread that owns one pipeline (one mesh)
+//! and takes jobs from a queue of fixed capacity; a full queue refuses at once (the caller
+//! answers 429). A job whose client has gone before its turn is dropped unstarted. The blocking
+//! model work never runs on the async runtime's threads.
+
+use super::{Decision, Pipeline};
+use crate::api::{ApiError, SystemOneRequest};
+use crate::encode::LengthRule;
+use clef_device::MeshOps;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// One request waiting for a worker.
+pub struct Job {
+    pub request: SystemOneRequest,
+    pub rule: LengthRule,
+    pub reply: oneshot::Sender<Result<Decision, ApiError>>,
+}
+
+/// Counters the server reports.
+#[derive(Default, Debug)]
+pub struct EngineStats {
+    /// Jobs in the queue, not yet taken by a worker.
+    pub queued: AtomicUsize,
+    /// Jobs a worker is running.
+    pub running: AtomicUsize,
+    /// Workers that finished their warm-up.
+    pub ready: AtomicUsize,
+    /// Jobs dropped because their client went away before their turn.
+    pub abandoned: AtomicU64,
+    /// Prompt tokens run through the model.
+    pub tokens: AtomicU64,
+    /// Jobs that panicked inside a worker.
+    pub panics: AtomicU64,
+}
+
+/// The queue front: submit jobs, read the counters.
+pub struct Engine {
+    tx: mpsc::Sender<Job>,
+    pub stats: Arc<EngineStats>,
+    pub workers: usize,
+    pub capacity: usize,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    Full,
+    Closed,
+}
+
+impl Engine {
+    /// Start `pipelines.len()` workers over one queue of `capacity` jobs. `warmup` is answered
+    /// once by every worker before it counts as ready.
+    pub fn start<B: MeshOps + Send + 'static>(
+        pipelines: Vec<Pipeline<B>>,
+        capacity: usize,
+        warmup: Option<(SystemOneRequest, LengthRule)>,
+    ) -> Engine
+    where
+        B::Tensor: Send,
+    {
+        let (tx, rx) = mpsc::channel::<Job>(capacity.max(1));
+        let rx = Arc::new(Mutex::new(rx));
+        let stats = Arc::new(EngineStats::default());
+        let workers = pipelines.len();
+        for (i, pipeline) in pipelines.into_iter().enumerate() {
+            let rx = rx.clone();
+            let stats = stats.clone();
+            let warmup = warmup.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("clef-worker-{i}"))
+                .spawn(move || worker_loop(i, pipeline, rx, stats, warmup));
+            if let Err(e) = spawned {
+                tracing::error!("could not start worker {i}: {e}");
+            }
+        }
+        Engine {
+            tx,
+            stats,
+            workers,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Queue a job, or refuse at once when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    mpsc::error::TrySendError::Full(_) => SubmitError::Full,
+                    mpsc::error::TrySendError::Closed(_) => SubmitError::Closed,
+                })
+            }
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.workers > 0 && self.stats.ready.load(Ordering::SeqCst) == self.workers
+    }
+}
+
+fn worker_loop<B: MeshOps>(
+    index: usize,
+    pipeline: Pipeline<B>,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    stats: Arc<EngineStats>,
+    warmup: Option<(SystemOneRequest, LengthRule)>,
+) {
+    if let Some((request, rule)) = warmup {
+        let t0 = Instant::now();
+        match pipeline.decide(&request, rule) {
+            Ok(_) => tracing::info!(
+                worker = index,
+                ms = t0.elapsed().as_millis() as u64,
+                "warm-up done"
+            ),
+            Err(e) => tracing::warn!(worker = index, "warm-up failed: {e}"),
+        }
+    }
+    stats.ready.fetch_add(1, Ordering::SeqCst);
+    loop {
+        // One worker waits on the queue at a time; the others wait for the lock.
+        let job = match rx.lock() {
+            Ok(mut guard) => guard.blocking_recv(),
+            Err(_) => return,
+        };
+        let Some(job) = job else { return };
+        stats.queued.fetch_sub(1, Ordering::SeqCst);
+        if job.reply.is_closed() {
+            stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        stats.running.fetch_add(1, Ordering::SeqCst);
+        let outcome = catch_unwind(AssertUnwindSafe(|| pipeline.decide(&job.request, job.rule)));
+        stats.running.fetch_sub(1, Ordering::SeqCst);
+        let result = match outcome {
+            Ok(r) => r,
+            Err(panic) => {
+                stats.panics.fetch_add(1, Ordering::Relaxed);
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(worker = index, "request panicked: {msg}");
+                Err(ApiError::internal(format!(
+                    "the worker failed on this request: {msg}"
+                )))
+            }
+        };
+        if let Ok(d) = &result {
+            stats
+                .tokens
+                .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
+        }
+        // A client that left while we ran is fine: the answer is dropped.
+        let _ = job.reply.send(result);
+    }
+}

@@ -1,0 +1,407 @@
+//! The HTTP contract on a real server over loopback: every status code of the contract, headers,
+//! concurrent requests equal to solo answers, a cancelled request not disturbing the next one,
+//! goldens over HTTP equal to the library's answers, and the Rust client `typesafe-jev`
+//! parsing every response.
+
+mod common;
+
+use clef_device::cpu::CpuMesh;
+use clef_device::{MeshShape, WeightFormat};
+use clef_tt::api::server::{router, AppState, ServerSettings};
+use clef_tt::api::HostLimits;
+use clef_tt::checkpoint::Checkpoint;
+use clef_tt::encode::json::dumps;
+use clef_tt::encode::LengthRule;
+use clef_tt::engine::worker::Engine;
+use clef_tt::engine::Pipeline;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const RULE: LengthRule = LengthRule::Server {
+    max_state: 16384,
+    max_tail: 4096,
+    truncate: false,
+};
+
+fn pipeline() -> Pipeline<CpuMesh> {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap()
+}
+
+fn settings() -> ServerSettings {
+    ServerSettings {
+        api_key: None,
+        model_names: vec![],
+        max_body_bytes: 13 << 20,
+        rule: RULE,
+        limits: HostLimits::default(),
+        card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
+    }
+}
+
+/// Start a server on an ephemeral loopback port; returns its base URL.
+fn start(settings: ServerSettings, workers: usize, queue: usize) -> String {
+    let pipelines = (0..workers).map(|_| pipeline()).collect();
+    let engine = Engine::start(pipelines, queue, None);
+    let state = AppState::new(engine, settings);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, router(state)).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    let base = format!("http://{addr}");
+    // Wait until the workers are ready.
+    for _ in 0..200 {
+        if get(&base, "/health").0 == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    base
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+fn get(base: &str, path: &str) -> (u16, String) {
+    let mut r = agent().get(&format!("{base}{path}")).call().unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// POST a body; returns status, headers of interest and the body text.
+fn post(base: &str, body: &[u8], headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+    let mut req = agent().post(&format!("{base}/v1/systemone"));
+    let mut has_type = false;
+    for (k, v) in headers {
+        has_type |= k.eq_ignore_ascii_case("content-type");
+        req = req.header(*k, *v);
+    }
+    if !has_type {
+        req = req.header("content-type", "application/json");
+    }
+    let mut r = req.send(body).unwrap();
+    let hs = ["x-request-id", "x-typesafe-request-id", "retry-after"]
+        .iter()
+        .filter_map(|h| {
+            r.headers()
+                .get(*h)
+                .map(|v| (h.to_string(), v.to_str().unwrap_or("").to_string()))
+        })
+        .collect();
+    (
+        r.status().as_u16(),
+        hs,
+        r.body_mut().read_to_string().unwrap(),
+    )
+}
+
+fn golden_bodies() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens/requests.jsonl"))
+        .unwrap();
+    text.lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["id"].as_str().unwrap().to_string(),
+                v["body"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn triage() -> String {
+    golden_bodies()
+        .into_iter()
+        .find(|(id, _)| id == "triage_readme")
+        .unwrap()
+        .1
+}
+
+#[test]
+fn goldens_over_http_equal_the_library_answers_with_headers_and_latency() {
+    let base = start(settings(), 1, 64);
+    let local = pipeline();
+    for (id, body) in golden_bodies() {
+        if id == "truncation_16384" {
+            continue; // 18k-token state: covered by the 422 length test below, slow here
+        }
+        let (status, headers, text) = post(&base, body.as_bytes(), &[]);
+        let want = match local.decide_body(body.as_bytes(), RULE, Some(&HostLimits::default())) {
+            Ok(d) => (200, d.response),
+            Err(e) => (e.status, e.body()),
+        };
+        assert_eq!(status, want.0, "{id}: {text}");
+        let mut got: Value = serde_json::from_str(&text).unwrap();
+        if status == 200 {
+            let latency = got
+                .as_object_mut()
+                .unwrap()
+                .remove("latency_ms")
+                .expect("latency_ms");
+            assert!(latency.as_f64().unwrap() >= 0.0);
+        }
+        assert_eq!(dumps(&got, false), dumps(&want.1, false), "{id}");
+        let rid: Vec<&String> = headers
+            .iter()
+            .filter(|(k, _)| k.starts_with("x-"))
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(rid.len(), 2, "{id}: request id headers");
+        assert_eq!(rid[0], rid[1]);
+    }
+}
+
+#[test]
+fn validation_and_transport_errors_are_4xx_with_detail() {
+    let mut s = settings();
+    s.max_body_bytes = 4096;
+    let base = start(s, 1, 8);
+    let (status, _, text) = post(&base, br#"{"model":null,"state":"x","questions":{}}"#, &[]);
+    assert_eq!(status, 422);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["detail"][0]["msg"], "model and state are required");
+    assert_eq!(v["error"]["message"], "model and state are required");
+    assert_eq!(v["detail"][0]["loc"], json!(["body", "model"]));
+    // Body limit.
+    let big = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "x".repeat(5000)
+    );
+    assert_eq!(post(&base, big.as_bytes(), &[]).0, 413);
+    // Not JSON, invalid UTF-8, wrong content type, compressed body.
+    assert_eq!(post(&base, b"{not json", &[]).0, 422);
+    assert_eq!(post(&base, b"{\"model\":\"\xff\xfe\"}", &[]).0, 422);
+    assert_eq!(
+        post(
+            &base,
+            triage().as_bytes(),
+            &[("content-type", "text/plain")]
+        )
+        .0,
+        415
+    );
+    assert_eq!(
+        post(&base, triage().as_bytes(), &[("content-encoding", "br")]).0,
+        415
+    );
+    // Too many tokens in the state piece.
+    let long = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "word ".repeat(800)
+    );
+    let mut s = settings();
+    s.rule = LengthRule::Server {
+        max_state: 300,
+        max_tail: 4096,
+        truncate: false,
+    };
+    let small = start(s, 1, 8);
+    let (status, _, text) = post(&small, long.as_bytes(), &[]);
+    assert_eq!(status, 422, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["detail"][0]["type"], "max_tokens_exceeded");
+    // `truncate: true` in the body keeps the first tokens and says so.
+    let cut = long.replacen('{', r#"{"truncate":true,"#, 1);
+    let (status, _, text) = post(&small, cut.as_bytes(), &[]);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["truncated"], true);
+    // Unknown route; media not supported yet.
+    assert_eq!(get(&base, "/v2/nothing").0, 404);
+    let media =
+        r#"{"model":"m","state":"s","images":["aGVsbG8="],"questions":{"q":{"type":"noul"}}}"#;
+    let (status, _, text) = post(&base, media.as_bytes(), &[]);
+    assert_eq!(status, 422);
+    assert!(text.contains("not supported"), "{text}");
+}
+
+#[test]
+fn the_api_key_and_model_names_are_enforced() {
+    let mut s = settings();
+    s.api_key = Some("sekret".into());
+    s.model_names = vec!["clef".into(), "clef-flash".into()];
+    let base = start(s, 1, 8);
+    assert_eq!(post(&base, triage().as_bytes(), &[]).0, 401);
+    assert_eq!(
+        post(
+            &base,
+            triage().as_bytes(),
+            &[("authorization", "Bearer wrong")]
+        )
+        .0,
+        401
+    );
+    let auth = [("authorization", "Bearer sekret")];
+    assert_eq!(post(&base, triage().as_bytes(), &auth).0, 200);
+    let other = triage().replace("\"model\":\"clef\"", "\"model\":\"gpt\"");
+    let (status, _, text) = post(&base, other.as_bytes(), &auth);
+    assert_eq!(status, 404);
+    assert!(text.contains("clef, clef-flash"), "{text}");
+    // Health is never behind the key; models is.
+    assert_eq!(get(&base, "/health").0, 200);
+    assert_eq!(get(&base, "/v1/health").0, 200);
+    assert_eq!(get(&base, "/v1/models").0, 401);
+    let mut r = agent()
+        .get(&format!("{base}/v1/models"))
+        .header("authorization", "Bearer sekret")
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let names: Vec<&str> = v["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["clef", "clef-flash"]);
+    for m in v["models"].as_array().unwrap() {
+        assert!(m["description"].is_string() && m["release_date"].is_string());
+    }
+    let (status, text) = get(&base, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("clef_requests_total{route=\"/v1/systemone\",status=\"401\"} 2"),
+        "{text}"
+    );
+    assert!(text.contains("clef_queue_depth 0"));
+}
+
+#[test]
+fn concurrent_requests_equal_their_solo_answers_and_a_full_queue_says_429() {
+    let base = start(settings(), 1, 64);
+    let bodies: Vec<String> = golden_bodies()
+        .into_iter()
+        .map(|(_, b)| b)
+        .take(8)
+        .collect();
+    let solo: Vec<String> = bodies
+        .iter()
+        .map(|b| strip_latency(&post(&base, b.as_bytes(), &[]).2))
+        .collect();
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|b| {
+            let base = base.clone();
+            std::thread::spawn(move || strip_latency(&post(&base, b.as_bytes(), &[]).2))
+        })
+        .collect();
+    for (h, want) in handles.into_iter().zip(&solo) {
+        assert_eq!(&h.join().unwrap(), want);
+    }
+    // One worker and a queue of one: a burst gets some 429s with Retry-After, never anything else.
+    let tight = start(settings(), 1, 1);
+    let long = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "busy text ".repeat(1500)
+    );
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (base, body) = (tight.clone(), long.clone());
+            std::thread::spawn(move || post(&base, body.as_bytes(), &[]))
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let refused: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(
+        results.iter().all(|r| r.0 == 200 || r.0 == 429),
+        "{:?}",
+        results.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    assert!(
+        !refused.is_empty(),
+        "no 429 in a burst of 8 on a queue of 1"
+    );
+    assert!(refused
+        .iter()
+        .all(|r| r.1.iter().any(|(k, v)| k == "retry-after" && v == "1")));
+}
+
+fn strip_latency(text: &str) -> String {
+    let mut v: Value = serde_json::from_str(text).unwrap();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("latency_ms");
+    }
+    dumps(&v, false)
+}
+
+#[test]
+fn a_cancelled_request_does_not_disturb_the_next_one() {
+    let base = start(settings(), 1, 8);
+    let long = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "slow text ".repeat(1500)
+    );
+    let impatient: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_millis(5)))
+        .build()
+        .into();
+    for _ in 0..3 {
+        let r = impatient
+            .post(&format!("{base}/v1/systemone"))
+            .header("content-type", "application/json")
+            .send(long.as_bytes());
+        assert!(r.is_err(), "the client was expected to time out");
+    }
+    let (status, _, text) = post(&base, triage().as_bytes(), &[]);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["input_tokens"], 300);
+    // Queue drained.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, health) = get(&base, "/health");
+    assert!(health.contains("\"queued\":0"), "{health}");
+}
+
+#[test]
+fn the_typesafe_jev_client_parses_every_answer() {
+    use typesafe_jev::{Choice, Client, Config, Noul, Questions, Score};
+    let base = start(settings(), 1, 8);
+    let cfg = Config {
+        base_url: format!("{base}/v1/systemone"),
+        model: "clef".into(),
+        max_retries: 0,
+        ..Config::default()
+    };
+    let client = Client::new("any-key", cfg).unwrap();
+    let questions = Questions::new()
+        .with(
+            "department",
+            Choice::new(
+                "Which team should handle the message?",
+                [
+                    ("billing", "Payments or invoices"),
+                    ("technical", "Bugs or outages"),
+                ],
+            ),
+        )
+        .with(
+            "urgency",
+            Score::new("How urgent is it?", ["Can wait", "This week", "Today"]),
+        )
+        .with("outage", Noul::new("Is a service down?"));
+    let state = json!({"message": "Our checkout started returning errors and orders are blocked."});
+    let resp = client.ask(&state, &questions).unwrap();
+    let choice = resp.choice("department").unwrap();
+    assert!(choice.choice == "billing" || choice.choice == "technical");
+    let total: f64 = choice.probabilities.values().sum();
+    assert!((total - 1.0).abs() < 2e-4);
+    let score = resp.score("urgency").unwrap();
+    assert_eq!(score.legend.len(), 3);
+    assert!(resp.noul("outage").unwrap().noul >= 0.0);
+}
