@@ -42,28 +42,13 @@ enum Command {
     /// Answer the requests of FILE (one JSON value, or one per line) with a local model; one
     /// result line per request on stdout.
     Decide {
-        #[arg(long, env = "CLEF_MODEL")]
-        model: Option<String>,
-        #[arg(long, env = "CLEF_REVISION")]
-        revision: Option<String>,
+        #[command(flatten)]
+        model: ModelArgs,
         /// The reference's single token budget instead of the server's limits.
         #[arg(long)]
         max_length: Option<usize>,
-        /// Token limit of the state piece (system prompt, media, state).
-        #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
-        max_state: usize,
-        /// Token limit of the tail (schema and suffix).
-        #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
-        max_tail: usize,
-        /// Keep the first state tokens when the state piece is too long.
-        #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
-        truncate_states: bool,
-        /// Mesh shape of the CPU device.
-        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-        mesh: String,
-        /// Weight format (f32 matches the reference's f32 run).
-        #[arg(long, default_value = "f32")]
-        weights: String,
+        #[command(flatten)]
+        limits: LengthArgs,
         file: PathBuf,
     },
     /// Write a complete random-weight checkpoint for benchmarks.
@@ -82,13 +67,51 @@ enum Command {
     },
 }
 
+/// The model and how it is placed.
 #[derive(clap::Args)]
-struct ServeArgs {
+struct ModelArgs {
     /// Snapshot directory or hub id in the local HF cache (default: the built-in demo model).
     #[arg(long, env = "CLEF_MODEL")]
     model: Option<String>,
+    /// Revision of a hub id.
     #[arg(long, env = "CLEF_REVISION")]
     revision: Option<String>,
+    /// Mesh shape of each worker's (CPU) device.
+    #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+    mesh: String,
+    /// Weight format: f32 (the reference's f32 numbers) or bf16.
+    #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
+    precision: String,
+}
+
+/// The server's prompt length limits.
+#[derive(clap::Args)]
+struct LengthArgs {
+    /// Token limit of the state piece (system prompt, media, state).
+    #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
+    max_state: usize,
+    /// Token limit of the tail (schema and suffix).
+    #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
+    max_tail: usize,
+    /// Keep the first state tokens when the state piece is too long.
+    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
+    truncate_states: bool,
+}
+
+impl LengthArgs {
+    fn rule(&self) -> LengthRule {
+        LengthRule::Server {
+            max_state: self.max_state,
+            max_tail: self.max_tail,
+            truncate: self.truncate_states,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
     #[arg(long, env = "CLEF_HOST", default_value = "127.0.0.1")]
     host: String,
     #[arg(long, env = "CLEF_PORT", default_value_t = 8008)]
@@ -96,21 +119,11 @@ struct ServeArgs {
     /// Workers (one mesh each).
     #[arg(long, env = "CLEF_WORKERS", default_value_t = 1)]
     workers: usize,
-    /// Mesh shape of each worker's (CPU) device.
-    #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-    mesh: String,
-    /// Weight format: f32 (the reference's f32 numbers) or bf16.
-    #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
-    precision: String,
     /// Requests that may wait for a worker; more get 429.
     #[arg(long, env = "CLEF_MAX_QUEUE", default_value_t = 64)]
     max_queue: usize,
-    #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
-    max_state: usize,
-    #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
-    max_tail: usize,
-    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
-    truncate_states: bool,
+    #[command(flatten)]
+    limits: LengthArgs,
     /// Require `Authorization: Bearer <key>` on everything but /health.
     #[arg(long, env = "CLEF_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -177,6 +190,13 @@ fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
     }
 }
 
+fn model_dir(m: &ModelArgs) -> anyhow::Result<PathBuf> {
+    Ok(match &m.model {
+        Some(name) => resolve_model_dir(name, m.revision.as_deref())?,
+        None => default_model_dir(),
+    })
+}
+
 fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpoint> {
     let dir = match model {
         Some(m) => resolve_model_dir(&m, revision)?,
@@ -218,24 +238,19 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
-            let is_default_model = a.model.is_none();
-            let model_dir = match &a.model {
-                Some(m) => resolve_model_dir(m, a.revision.as_deref())?,
-                None => default_model_dir(),
-            };
+            let is_default_model = a.model.model.is_none();
+            let model_dir = model_dir(&a.model)?;
             cli::serve::run(cli::serve::ServeOptions {
                 model_dir,
                 is_default_model,
-                revision: a.revision,
+                revision: a.model.revision.clone(),
                 host: a.host,
                 port: a.port,
                 workers: a.workers,
-                mesh: a.mesh.parse()?,
-                format: weight_format(&a.precision)?,
+                mesh: a.model.mesh.parse()?,
+                format: weight_format(&a.model.precision)?,
                 max_queue: a.max_queue,
-                max_state: a.max_state,
-                max_tail: a.max_tail,
-                truncate_states: a.truncate_states,
+                rule: a.limits.rule(),
                 api_key: a.api_key,
                 model_names: a
                     .model_names
@@ -261,27 +276,19 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Decide {
             model,
-            revision,
             max_length,
-            max_state,
-            max_tail,
-            truncate_states,
-            mesh,
-            weights,
+            limits,
             file,
         } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let ckpt = open(model, revision.as_deref())?;
-            let mesh: MeshShape = mesh.parse()?;
-            let pipeline = Pipeline::new(&ckpt, CpuMesh::new(mesh), weight_format(&weights)?)?;
+            let ckpt = open(model.model.clone(), model.revision.as_deref())?;
+            let mesh: MeshShape = model.mesh.parse()?;
+            let pipeline =
+                Pipeline::new(&ckpt, CpuMesh::new(mesh), weight_format(&model.precision)?)?;
             let rule = match max_length {
                 Some(max_length) => LengthRule::Reference { max_length },
-                None => LengthRule::Server {
-                    max_state,
-                    max_tail,
-                    truncate: truncate_states,
-                },
+                None => limits.rule(),
             };
             let stdout = std::io::stdout();
             let n = cli::decide::run(&pipeline, &text, rule, &mut stdout.lock())?;

@@ -58,15 +58,7 @@ pub fn shape_configs(shape: Shape) -> (TextConfig, JointHeadConfig) {
                 tie_word_embeddings: false,
                 max_position_embeddings: 262_144,
             },
-            JointHeadConfig {
-                hidden_size: 1024,
-                width: 1024,
-                routing_layers: 2,
-                layers: 4,
-                heads: 16,
-                feedforward: 4096,
-                dropout: None,
-            },
+            JointHeadConfig::release(1024),
         ),
         Shape::Tiny => (
             TextConfig {

@@ -193,6 +193,51 @@ fn shapes_the_reference_crashes_on_are_422_naming_the_field() {
 }
 
 #[test]
+fn deep_nesting_and_huge_numbers_are_handled() {
+    let deep = format!(
+        r#"{{"model":"m","state":{}1{},"questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "[".repeat(500),
+        "]".repeat(500)
+    );
+    let e = invalid(&deep);
+    assert_eq!((e.status, e.kind.as_str()), (422, "json_invalid"));
+    // A 400-digit integer and an overflowing float are kept as the reference sees them.
+    let big = format!(
+        r#"{{"model":"m","state":{{"n":{},"f":1e400}},"questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "9".repeat(400)
+    );
+    let r = validate(&parse_body(big.as_bytes()).unwrap(), None).unwrap();
+    assert_eq!(
+        render(&r.state),
+        format!(r#"{{"f":Infinity,"n":{}}}"#, "9".repeat(400))
+    );
+}
+
+#[test]
+fn strict_mode_adds_the_hosted_rules() {
+    let strict = HostLimits {
+        strict: true,
+        ..HostLimits::default()
+    };
+    let check = |body: &str| validate(&parse_body(body.as_bytes()).unwrap(), Some(&strict));
+    assert!(check(
+        r#"{"model":"m","state":"s","questions":{"q":{"type":"noul","instructions":"Is it?"}}}"#
+    )
+    .is_ok());
+    let e = check(r#"{"model":"m","state":"s","questions":{"q":{"type":"noul"}}}"#).unwrap_err();
+    assert!(e.msg.contains("instructions are required"), "{}", e.msg);
+    let e = check(
+        r#"{"model":"m","state":"s","questions":{"bad id!":{"type":"noul","instructions":"x"}}}"#,
+    )
+    .unwrap_err();
+    assert!(e.msg.contains("[A-Za-z0-9_.-]{1,100}"), "{}", e.msg);
+    let e = check(r#"{"model":"m","state":"s","questions":{"c":{"type":"choice","instructions":"x","criteria":{"only":null}}}}"#).unwrap_err();
+    assert!(e.msg.contains("at least 2 options"), "{}", e.msg);
+    // Without --strict the reference's leniency stands.
+    assert!(validate(&parse_body(br#"{"model":"m","state":"s","questions":{"c":{"type":"choice","criteria":{"only":null}}}}"#).unwrap(), Some(&HostLimits::default())).is_ok());
+}
+
+#[test]
 fn host_bounds_are_422_naming_the_count() {
     let many: String = (0..65)
         .map(|i| format!("\"q{i}\":{{\"type\":\"noul\"}}"))

@@ -362,10 +362,22 @@ fn a_cancelled_request_does_not_disturb_the_next_one() {
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["usage"]["input_tokens"], 300);
-    // Queue drained.
+    // Queue drained; the abandoned requests were dropped before or during their prefill.
     std::thread::sleep(Duration::from_millis(500));
     let (_, health) = get(&base, "/health");
     assert!(health.contains("\"queued\":0"), "{health}");
+    let (_, metrics) = get(&base, "/metrics");
+    let count = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        count("clef_abandoned_total ") + count("clef_cancelled_total ") >= 2.0,
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub struct Snapshot {
     pub workers: usize,
     pub tokens: u64,
     pub abandoned: u64,
+    pub cancelled: u64,
     pub panics: u64,
 }
 

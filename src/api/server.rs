@@ -68,6 +68,7 @@ impl AppState {
             workers: self.engine.workers,
             tokens: s.tokens.load(Ordering::Relaxed),
             abandoned: s.abandoned.load(Ordering::Relaxed),
+            cancelled: s.cancelled.load(Ordering::Relaxed),
             panics: s.panics.load(Ordering::Relaxed),
         }
     }

@@ -22,6 +22,20 @@ pub struct JointHeadConfig {
 }
 
 impl JointHeadConfig {
+    /// The released heads' shape (Clef-Flash: hidden 4096; Clef: 5120): width 1024, 16 heads,
+    /// feedforward 4096, 2 routing and 4 decoder layers.
+    pub fn release(hidden_size: usize) -> Self {
+        JointHeadConfig {
+            hidden_size,
+            width: 1024,
+            routing_layers: 2,
+            layers: 4,
+            heads: 16,
+            feedforward: 4096,
+            dropout: None,
+        }
+    }
+
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
         let path = dir.join("joint_head_config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
@@ -167,24 +181,13 @@ mod tests {
 
     #[test]
     fn the_release_head_has_122_tensors_and_its_parameter_count() {
-        let flash = JointHeadConfig {
-            hidden_size: 4096,
-            width: 1024,
-            routing_layers: 2,
-            layers: 4,
-            heads: 16,
-            feedforward: 4096,
-            dropout: None,
-        };
+        let flash = JointHeadConfig::release(4096);
         let t = flash.expected_tensors();
         assert_eq!(t.len(), 122);
         let params: usize = t.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
         // spec/clef-reference.md §2.2: 121,762,820 for Clef-Flash, 128,056,324 for Clef.
         assert_eq!(params, 121_762_820);
-        let clef = JointHeadConfig {
-            hidden_size: 5120,
-            ..flash.clone()
-        };
+        let clef = JointHeadConfig::release(5120);
         let params: usize = clef
             .expected_tensors()
             .iter()

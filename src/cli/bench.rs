@@ -117,15 +117,7 @@ pub struct HeadRow {
 pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
     use clef_tt::checkpoint::{JointHeadConfig, JointHeadFiles};
     use clef_tt::head::{HeadQuestion, JointHead};
-    let cfg = JointHeadConfig {
-        hidden_size: 5120,
-        width: 1024,
-        routing_layers: 2,
-        layers: 4,
-        heads: 16,
-        feedforward: 4096,
-        dropout: None,
-    };
+    let cfg = JointHeadConfig::release(5120);
     let dir = std::env::temp_dir().join(format!("clef-tt-bench-head-{}", std::process::id()));
     clef_tt::random::write_random_head(&cfg, &dir, 7)?;
     let head = JointHead::load(&JointHeadFiles::open(&dir, cfg.hidden_size)?)?;

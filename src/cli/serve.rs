@@ -23,9 +23,7 @@ pub struct ServeOptions {
     pub mesh: MeshShape,
     pub format: WeightFormat,
     pub max_queue: usize,
-    pub max_state: usize,
-    pub max_tail: usize,
-    pub truncate_states: bool,
+    pub rule: LengthRule,
     pub api_key: Option<String>,
     pub model_names: Vec<String>,
     pub warmup: bool,
@@ -53,6 +51,14 @@ fn card(o: &ServeOptions, ckpt: &Checkpoint) -> serde_json::Value {
         )
     };
     let t = &ckpt.config.text;
+    let (max_state, max_tail, truncate) = match o.rule {
+        LengthRule::Server {
+            max_state,
+            max_tail,
+            truncate,
+        } => (Some(max_state), Some(max_tail), truncate),
+        LengthRule::Reference { max_length } => (Some(max_length), None, true),
+    };
     json!({
         "name": name,
         "description": description,
@@ -66,8 +72,8 @@ fn card(o: &ServeOptions, ckpt: &Checkpoint) -> serde_json::Value {
         "precision": o.format.name(),
         "backbone": {"hidden_size": t.hidden_size, "layers": t.layers.len(), "vocab_size": t.vocab_size},
         "limits": {
-            "max_state_tokens": o.max_state, "max_tail_tokens": o.max_tail,
-            "truncate_states": o.truncate_states, "max_queue": o.max_queue,
+            "max_state_tokens": max_state, "max_tail_tokens": max_tail,
+            "truncate_states": truncate, "max_queue": o.max_queue,
             "max_body_bytes": o.max_body_bytes, "max_questions": 64,
             "max_choice_options": 255, "max_score_levels": 10, "strict": o.strict,
             "images": false
@@ -87,11 +93,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         tracing::info!(worker = i, mesh = %o.mesh, precision = o.format.name(), "loading weights");
         pipelines.push(Pipeline::new(&ckpt, CpuMesh::new(o.mesh), o.format)?);
     }
-    let rule = LengthRule::Server {
-        max_state: o.max_state,
-        max_tail: o.max_tail,
-        truncate: o.truncate_states,
-    };
+    let rule = o.rule;
     let limits = HostLimits {
         strict: o.strict,
         ..HostLimits::default()

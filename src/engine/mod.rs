@@ -10,10 +10,14 @@ use crate::checkpoint::{Checkpoint, CheckpointError, TensorStore, LM_HEAD};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadQuestion, JointHead};
-use clef_device::{MeshOps, WeightFormat};
+use clef_device::{HostTensor, MeshOps, WeightFormat};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Tokens per prefill pass: a running request can be cancelled between passes. (The
+/// Tenstorrent port caps its prefill chunks at 1024 tokens too.)
+pub const PREFILL_CHUNK: usize = 1024;
 
 /// Errors while building a pipeline.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +87,16 @@ impl<B: MeshOps> Pipeline<B> {
 
     /// Encode a validated request under `rule` and answer it.
     pub fn decide(&self, req: &SystemOneRequest, rule: LengthRule) -> Result<Decision, ApiError> {
+        self.decide_cancellable(req, rule, &|| false)
+    }
+
+    /// [`Pipeline::decide`], giving up between prefill chunks once `cancelled()` is true.
+    pub fn decide_cancellable(
+        &self,
+        req: &SystemOneRequest,
+        rule: LengthRule,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Decision, ApiError> {
         if req.has_media {
             return Err(ApiError::invalid(
                 &["images"],
@@ -107,10 +121,7 @@ impl<B: MeshOps> Pipeline<B> {
             EncodeError::Tokenizer(m) => ApiError::internal(format!("tokenizer: {m}")),
         })?;
         let started = Instant::now();
-        let (hidden, _) = self
-            .backbone
-            .prefill(&record.input_ids, None)
-            .map_err(|e| ApiError::internal(format!("prefill: {e}")))?;
+        let hidden = self.chunked_prefill(&record.input_ids, cancelled)?;
         let memory = self.head.memory(&hidden.data, hidden.rows);
         let logits = self.logits(&record, &hidden.data, &memory)?;
         let model_seconds = started.elapsed().as_secs_f64();
@@ -140,6 +151,32 @@ impl<B: MeshOps> Pipeline<B> {
             probabilities,
             model_seconds,
         })
+    }
+
+    /// The prefill in chunks of [`PREFILL_CHUNK`] tokens, each continuing the state of the one
+    /// before, checking `cancelled` between chunks.
+    fn chunked_prefill(
+        &self,
+        ids: &[u32],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<HostTensor, ApiError> {
+        let fail = |e: crate::backbone::PrefillError| ApiError::internal(format!("prefill: {e}"));
+        let mut state = None;
+        let mut rows: Vec<f32> = Vec::with_capacity(ids.len() * self.hidden);
+        for chunk in ids.chunks(PREFILL_CHUNK) {
+            if cancelled() {
+                return Err(ApiError {
+                    status: 499,
+                    loc: vec![],
+                    msg: "the client closed the request".into(),
+                    kind: "cancelled".into(),
+                });
+            }
+            let (hidden, next) = self.backbone.prefill(chunk, state.as_ref()).map_err(fail)?;
+            rows.extend_from_slice(&hidden.data);
+            state = Some(next);
+        }
+        Ok(HostTensor::new(ids.len(), self.hidden, rows))
     }
 
     /// The head's logits for an encoded record, given its memory rows.

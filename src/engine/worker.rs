@@ -1,6 +1,7 @@
 //! Workers and the bounded queue. Each worker is an OS thread that owns one pipeline (one mesh)
 //! and takes jobs from a queue of fixed capacity; a full queue refuses at once (the caller
-//! answers 429). A job whose client has gone before its turn is dropped unstarted. The blocking
+//! answers 429). A job whose client has gone before its turn is dropped unstarted, and one
+//! running stops at the next prefill chunk boundary. The blocking
 //! model work never runs on the async runtime's threads.
 
 use super::{Decision, Pipeline};
@@ -35,6 +36,8 @@ pub struct EngineStats {
     pub tokens: AtomicU64,
     /// Jobs that panicked inside a worker.
     pub panics: AtomicU64,
+    /// Running jobs stopped between prefill chunks because their client left.
+    pub cancelled: AtomicU64,
 }
 
 /// The queue front: submit jobs, read the counters.
@@ -138,7 +141,10 @@ fn worker_loop<B: MeshOps>(
             continue;
         }
         stats.running.fetch_add(1, Ordering::SeqCst);
-        let outcome = catch_unwind(AssertUnwindSafe(|| pipeline.decide(&job.request, job.rule)));
+        let reply = &job.reply;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            pipeline.decide_cancellable(&job.request, job.rule, &|| reply.is_closed())
+        }));
         stats.running.fetch_sub(1, Ordering::SeqCst);
         let result = match outcome {
             Ok(r) => r,

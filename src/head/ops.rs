@@ -75,13 +75,13 @@ fn libm_erf(x: f64) -> f64 {
         let x2 = x * x;
         let mut term = x;
         let mut sum = x;
-        let mut n = 0.0;
-        loop {
-            n += 1.0;
+        // |x| < 2.5: the terms fall below 1e-17 of the sum well within 80 steps.
+        for n in 1..80 {
+            let n = n as f64;
             term *= -x2 / n;
             let add = term / (2.0 * n + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }
