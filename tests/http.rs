@@ -198,6 +198,29 @@ fn validation_and_transport_errors_are_4xx_with_detail() {
         post(&base, triage().as_bytes(), &[("content-encoding", "br")]).0,
         415
     );
+    // gzip and zstd bodies are decoded, and the limit applies after decoding.
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(triage().as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    assert_eq!(post(&base, &gz, &[("content-encoding", "gzip")]).0, 200);
+    let zs = ruzstd::encoding::compress_to_vec(
+        triage().as_bytes(),
+        ruzstd::encoding::CompressionLevel::Fastest,
+    );
+    assert_eq!(post(&base, &zs, &[("content-encoding", "zstd")]).0, 200);
+    let bomb = ruzstd::encoding::compress_to_vec(
+        big.as_bytes(),
+        ruzstd::encoding::CompressionLevel::Fastest,
+    );
+    assert!(bomb.len() < 4096);
+    assert_eq!(post(&base, &bomb, &[("content-encoding", "zstd")]).0, 413);
+    assert_eq!(
+        post(&base, b"not gzip", &[("content-encoding", "gzip")]).0,
+        400
+    );
     // Too many tokens in the state piece.
     let long = format!(
         r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,

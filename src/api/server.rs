@@ -202,19 +202,16 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize), Ap
             ));
         }
     }
-    if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
-        let enc = enc.to_str().unwrap_or("");
-        if !enc.eq_ignore_ascii_case("identity") {
-            return Err(status_error(
-                415,
-                format!("Content-Encoding {enc:?} is not supported; send the body uncompressed"),
-                "unsupported_media_type",
-            ));
-        }
-    }
+    let encoding = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
+        .unwrap_or_default();
     let bytes = to_bytes(Body::new(body), limit)
         .await
         .map_err(|_| too_large())?;
+    // The limit applies after decompression too.
+    let bytes = decompress(&encoding, bytes, limit)?;
     let value = parse_body(&bytes)?;
     let request = validate(&value, Some(&state.settings.limits))?;
     let names = &state.settings.model_names;
@@ -263,6 +260,51 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize), Ap
     let mut body = decision.response;
     body["latency_ms"] = json!((decision.model_seconds * 1e4).round() / 10.0);
     Ok((body, decision.record.input_ids.len()))
+}
+
+/// The body as sent: identity, gzip or zstd (the Python SDK compresses bodies of 1 KiB and
+/// more with zstd when it can), at most `limit` bytes once decoded.
+fn decompress(
+    encoding: &str,
+    bytes: axum::body::Bytes,
+    limit: usize,
+) -> Result<axum::body::Bytes, ApiError> {
+    use std::io::Read;
+    let bad = |e: String| {
+        status_error(
+            400,
+            format!("the {encoding} body cannot be decoded: {e}"),
+            "invalid_body",
+        )
+    };
+    let decoded: Box<dyn Read> = match encoding {
+        "" | "identity" => return Ok(bytes),
+        "gzip" | "x-gzip" => Box::new(flate2::read::GzDecoder::new(std::io::Cursor::new(bytes))),
+        "zstd" => Box::new(
+            ruzstd::decoding::StreamingDecoder::new(std::io::Cursor::new(bytes))
+                .map_err(|e| bad(e.to_string()))?,
+        ),
+        other => {
+            return Err(status_error(
+                415,
+                format!("Content-Encoding {other:?} is not supported (gzip, zstd or none)"),
+                "unsupported_media_type",
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    decoded
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| bad(e.to_string()))?;
+    if out.len() > limit {
+        return Err(status_error(
+            413,
+            format!("the decoded request body is larger than {limit} bytes"),
+            "request_too_large",
+        ));
+    }
+    Ok(out.into())
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
