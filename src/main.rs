@@ -94,7 +94,7 @@ struct LengthArgs {
     #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
     max_tail: usize,
     /// Keep the first state tokens when the state piece is too long.
-    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, default_value = "0")]
+    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
     truncate_states: bool,
 }
 
@@ -131,10 +131,10 @@ struct ServeArgs {
     #[arg(long, env = "CLEF_MODEL_NAMES", value_delimiter = ',')]
     model_names: Vec<String>,
     /// Answer one request per worker before reporting ready.
-    #[arg(long, env = "CLEF_WARMUP", value_parser = parse_flag, default_value = "1")]
+    #[arg(long, env = "CLEF_WARMUP", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
     warmup: bool,
     /// Add the hosted API's rules (instructions required, id pattern, 2+ options and levels).
-    #[arg(long, env = "CLEF_STRICT", value_parser = parse_flag, default_value = "0")]
+    #[arg(long, env = "CLEF_STRICT", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
     strict: bool,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]

@@ -103,3 +103,65 @@ fn make_random_writes_a_checkpoint_that_loads_and_runs() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = clef_tt()
+        .args(["serve", "--port", &port.to_string(), "--warmup", "0"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(120)))
+        .build()
+        .into();
+    let mut up = false;
+    for _ in 0..300 {
+        if agent
+            .get(&format!("{base}/health"))
+            .call()
+            .is_ok_and(|r| r.status() == 200)
+        {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(up, "the server did not come up");
+    // A request of about 6,000 tokens, so it is still running when the signal arrives.
+    let body = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "long text ".repeat(3000)
+    );
+    let in_flight = {
+        let (agent, base) = (agent.clone(), base.clone());
+        std::thread::spawn(move || {
+            let mut r = agent
+                .post(&format!("{base}/v1/systemone"))
+                .header("content-type", "application/json")
+                .send(body.as_bytes())
+                .unwrap();
+            (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (status, text) = in_flight.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"usage\""), "{text}");
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "serve exited with {exit:?}");
+    // Nothing listens any more.
+    assert!(agent.get(&format!("{base}/health")).call().is_err());
+}

@@ -239,6 +239,23 @@ fn strict_mode_adds_the_hosted_rules() {
 
 #[test]
 fn host_bounds_are_422_naming_the_count() {
+    let huge: String = (0..10_000)
+        .map(|i| format!("\"q{i}\":{{\"type\":\"noul\"}}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let e = invalid(&format!(
+        r#"{{"model":"m","state":"s","questions":{{{huge}}}}}"#
+    ));
+    assert!(e.msg.contains("10000 questions; at most 64"), "{}", e.msg);
+    let long_id = "x".repeat(1 << 20);
+    let e = invalid(&format!(
+        r#"{{"model":"m","state":"s","questions":{{"{long_id}":{{"type":"noul"}}}}}}"#
+    ));
+    assert!(
+        e.msg.contains("1048576 characters; at most 1024"),
+        "{}",
+        e.msg
+    );
     let many: String = (0..65)
         .map(|i| format!("\"q{i}\":{{\"type\":\"noul\"}}"))
         .collect::<Vec<_>>()

@@ -53,6 +53,8 @@ pub struct HostLimits {
     pub max_questions: usize,
     pub max_choice_options: usize,
     pub max_score_levels: usize,
+    /// Longest question id, in characters (ids are repeated in the prompt).
+    pub max_id_chars: usize,
     /// The hosted API's rules too: instructions required, ids `[A-Za-z0-9_.-]{1,100}`, at
     /// least 2 choice options and 2 score levels.
     pub strict: bool,
@@ -64,6 +66,7 @@ impl Default for HostLimits {
             max_questions: 64,
             max_choice_options: 255,
             max_score_levels: 10,
+            max_id_chars: 1024,
             strict: false,
         }
     }
@@ -220,6 +223,16 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
         ));
     }
     for q in &r.questions {
+        let chars = q.id.chars().count();
+        if chars > l.max_id_chars {
+            return Err(ApiError::value_error(
+                &["questions"],
+                format!(
+                    "a question id of {chars} characters; at most {} are allowed",
+                    l.max_id_chars
+                ),
+            ));
+        }
         let n = option_count(q);
         if l.strict {
             check_strict(q, n)?;

@@ -13,12 +13,11 @@ mod weights;
 pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, LoadError};
 
-use crate::checkpoint::{Checkpoint, LayerKind, TensorStore, TextConfig, TEXT_PREFIX};
+use crate::checkpoint::{Checkpoint, LayerKind, RowTable, TextConfig};
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
-use std::sync::Arc;
 use weights::{LayerWeights, MixerWeights};
 
 /// Errors of a prefill.
@@ -74,7 +73,7 @@ pub struct Backbone<B: MeshOps> {
     format: WeightFormat,
     layers: Vec<LayerWeights<B::Weight>>,
     final_norm: B::Weight,
-    embeddings: Arc<TensorStore>,
+    embeddings: RowTable,
 }
 
 impl<B: MeshOps> Backbone<B> {
@@ -90,7 +89,7 @@ impl<B: MeshOps> Backbone<B> {
             format,
             layers,
             final_norm,
-            embeddings: ckpt.tensors.clone(),
+            embeddings: ckpt.embeddings()?,
         })
     }
 
@@ -151,19 +150,17 @@ impl<B: MeshOps> Backbone<B> {
     /// Embedding rows of `ids` (read from the mapped checkpoint, widened to f32).
     pub fn embed(&self, ids: &[u32]) -> Result<HostTensor, PrefillError> {
         let h = self.config.hidden_size;
-        let vocab = self.config.vocab_size;
-        let name = format!("{TEXT_PREFIX}embed_tokens.weight");
-        let info = self
-            .embeddings
-            .info(&name)
-            .ok_or_else(|| PrefillError::State(format!("{name} is not loaded")))?;
         let mut data = Vec::with_capacity(ids.len() * h);
         for (at, &id) in ids.iter().enumerate() {
-            let row = id as usize;
-            if row >= vocab {
-                return Err(PrefillError::TokenId { id, at, vocab });
-            }
-            data.extend(self.embeddings.read_f32(info, row * h, (row + 1) * h));
+            let row = self
+                .embeddings
+                .row_f32(id as usize)
+                .ok_or(PrefillError::TokenId {
+                    id,
+                    at,
+                    vocab: self.embeddings.rows(),
+                })?;
+            data.extend(row);
         }
         Ok(HostTensor::new(ids.len(), h, data))
     }

@@ -149,16 +149,16 @@ impl Checkpoint {
     }
 
     /// The LM head as a row table read on demand from the mapped file.
-    pub fn lm_head(&self) -> Result<RowTable<'_>, CheckpointError> {
+    pub fn lm_head(&self) -> Result<RowTable, CheckpointError> {
         let t = &self.config.text;
-        let info = self
-            .tensors
-            .expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
-        Ok(RowTable {
-            store: &self.tensors,
-            info,
-            cols: t.hidden_size,
-        })
+        RowTable::new(self.tensors.clone(), LM_HEAD, t.vocab_size, t.hidden_size)
+    }
+
+    /// The input embedding table as a row table.
+    pub fn embeddings(&self) -> Result<RowTable, CheckpointError> {
+        let t = &self.config.text;
+        let name = format!("{TEXT_PREFIX}embed_tokens.weight");
+        RowTable::new(self.tensors.clone(), &name, t.vocab_size, t.hidden_size)
     }
 
     /// A text-model tensor by its name below `model.language_model.`.
@@ -174,14 +174,26 @@ impl Checkpoint {
     }
 }
 
-/// Rows of a `[rows, cols]` matrix read on demand (the LM head never leaves the host).
-pub struct RowTable<'a> {
-    store: &'a TensorStore,
-    info: &'a TensorInfo,
+/// Rows of a `[rows, cols]` checkpoint matrix read on demand from the mapped file (the LM
+/// head and the embeddings never leave the host).
+#[derive(Clone)]
+pub struct RowTable {
+    store: Arc<TensorStore>,
+    info: TensorInfo,
     cols: usize,
 }
 
-impl RowTable<'_> {
+impl RowTable {
+    /// The tensor `name`, checked to be `[rows, cols]`.
+    pub fn new(
+        store: Arc<TensorStore>,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, CheckpointError> {
+        let info = store.expect(name, &[rows, cols])?.clone();
+        Ok(RowTable { store, info, cols })
+    }
     pub fn rows(&self) -> usize {
         self.info.shape[0]
     }
@@ -192,14 +204,14 @@ impl RowTable<'_> {
     pub fn row_f32(&self, r: usize) -> Option<Vec<f32>> {
         (r < self.rows()).then(|| {
             self.store
-                .read_f32(self.info, r * self.cols, (r + 1) * self.cols)
+                .read_f32(&self.info, r * self.cols, (r + 1) * self.cols)
         })
     }
     /// Row `r` as bf16, or `None` past the end.
     pub fn row_bf16(&self, r: usize) -> Option<Vec<bf16>> {
         (r < self.rows()).then(|| {
             self.store
-                .read_bf16(self.info, r * self.cols, (r + 1) * self.cols)
+                .read_bf16(&self.info, r * self.cols, (r + 1) * self.cols)
         })
     }
 }

@@ -34,7 +34,7 @@ pub struct ServeOptions {
 /// A tiny request each worker answers before it counts as ready.
 const WARMUP: &str = r#"{"model":"warmup","state":"warm-up","questions":{"ok":{"type":"noul","instructions":"Is the server ready?"}}}"#;
 
-fn card(o: &ServeOptions, ckpt: &Checkpoint) -> serde_json::Value {
+fn card(o: &ServeOptions, ckpt: &Checkpoint, limits: &HostLimits) -> serde_json::Value {
     let name = o.model_names.first().cloned().unwrap_or_else(|| {
         if o.is_default_model {
             "clef-tt-demo".into()
@@ -74,8 +74,9 @@ fn card(o: &ServeOptions, ckpt: &Checkpoint) -> serde_json::Value {
         "limits": {
             "max_state_tokens": max_state, "max_tail_tokens": max_tail,
             "truncate_states": truncate, "max_queue": o.max_queue,
-            "max_body_bytes": o.max_body_bytes, "max_questions": 64,
-            "max_choice_options": 255, "max_score_levels": 10, "strict": o.strict,
+            "max_body_bytes": o.max_body_bytes, "max_questions": limits.max_questions,
+            "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
+            "max_id_chars": limits.max_id_chars, "strict": limits.strict,
             "images": false
         },
         "prefix_cache": {"slots": 0, "note": "not implemented yet"}
@@ -108,13 +109,14 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         None
     };
     let engine = Engine::start(pipelines, o.max_queue, warmup);
+    let card = card(&o, &ckpt, &limits);
     let settings = ServerSettings {
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         model_names: o.model_names.clone(),
         max_body_bytes: o.max_body_bytes,
         rule,
         limits,
-        card: card(&o, &ckpt),
+        card,
     };
     let state = AppState::new(engine, settings);
     let runtime = tokio::runtime::Builder::new_multi_thread()

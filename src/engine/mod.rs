@@ -6,13 +6,12 @@ pub mod worker;
 
 use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
 use crate::backbone::{Backbone, LoadError};
-use crate::checkpoint::{Checkpoint, CheckpointError, TensorStore, LM_HEAD};
+use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadQuestion, JointHead};
 use clef_device::{HostTensor, MeshOps, WeightFormat};
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Tokens per prefill pass: a running request can be cancelled between passes. (The
@@ -44,7 +43,7 @@ pub struct Pipeline<B: MeshOps> {
     pub backbone: Backbone<B>,
     pub head: JointHead,
     tokenizer: tokenizers::Tokenizer,
-    lm_head: Arc<TensorStore>,
+    lm_head: RowTable,
     hidden: usize,
 }
 
@@ -59,12 +58,11 @@ impl<B: MeshOps> Pipeline<B> {
             msg: "no joint head".into(),
         })?;
         let head = JointHead::load(head_files)?;
-        ckpt.lm_head()?;
         Ok(Pipeline {
             backbone: Backbone::load(ckpt, mesh, format)?,
             head,
             tokenizer: ckpt.tokenizer()?,
-            lm_head: ckpt.tensors.clone(),
+            lm_head: ckpt.lm_head()?,
             hidden: ckpt.config.text.hidden_size,
         })
     }
@@ -186,10 +184,6 @@ impl<B: MeshOps> Pipeline<B> {
         hidden: &[f32],
         memory: &crate::head::HeadMemory,
     ) -> Result<Vec<Vec<f32>>, ApiError> {
-        let info = self
-            .lm_head
-            .info(LM_HEAD)
-            .ok_or_else(|| ApiError::internal("lm_head.weight is not loaded"))?;
         let h = self.hidden;
         let mut lexical = Vec::new();
         let mut questions = Vec::with_capacity(record.questions.len());
@@ -197,8 +191,9 @@ impl<B: MeshOps> Pipeline<B> {
             for &(s, e) in &q.option_spans {
                 let mut mean = vec![0.0f32; h];
                 for &id in &record.input_ids[s..e] {
-                    let row = id as usize;
-                    let values = self.lm_head.read_f32(info, row * h, (row + 1) * h);
+                    let values = self.lm_head.row_f32(id as usize).ok_or_else(|| {
+                        ApiError::internal(format!("token id {id} is outside the LM head"))
+                    })?;
                     mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
                 }
                 let n = (e - s) as f32;
