@@ -190,18 +190,21 @@ fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
     }
 }
 
-fn model_dir(m: &ModelArgs) -> anyhow::Result<PathBuf> {
-    Ok(match &m.model {
-        Some(name) => resolve_model_dir(name, m.revision.as_deref())?,
+/// `--model` / `CLEF_MODEL`, else `HF_MODEL` (what tt-model launchers set), else `None` for the
+/// built-in model.
+fn requested_model(model: Option<String>) -> Option<String> {
+    model.or_else(|| std::env::var("HF_MODEL").ok().filter(|m| !m.is_empty()))
+}
+
+fn resolve(model: Option<String>, revision: Option<&str>) -> anyhow::Result<PathBuf> {
+    Ok(match requested_model(model) {
+        Some(name) => resolve_model_dir(&name, revision)?,
         None => default_model_dir(),
     })
 }
 
 fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpoint> {
-    let dir = match model {
-        Some(m) => resolve_model_dir(&m, revision)?,
-        None => default_model_dir(),
-    };
+    let dir = resolve(model, revision)?;
     Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))
 }
 
@@ -238,8 +241,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
-            let is_default_model = a.model.model.is_none();
-            let model_dir = model_dir(&a.model)?;
+            let is_default_model = requested_model(a.model.model.clone()).is_none();
+            let model_dir = resolve(a.model.model.clone(), a.model.revision.as_deref())?;
             cli::serve::run(cli::serve::ServeOptions {
                 model_dir,
                 is_default_model,

@@ -36,6 +36,20 @@ fn inspect_reports_the_built_in_model_from_any_directory() {
 }
 
 #[test]
+fn hf_model_names_the_model_when_clef_model_is_unset() {
+    let dir = common::fixtures().join("tiny-qwen35/checkpoint");
+    let out = clef_tt()
+        .arg("inspect")
+        .env_remove("CLEF_MODEL")
+        .env("HF_MODEL", &dir)
+        .output()
+        .unwrap();
+    // A bare backbone has no joint head: the error names the directory HF_MODEL gave.
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tiny-qwen35/checkpoint"));
+}
+
+#[test]
 fn inspect_fails_on_an_inconsistent_checkpoint() {
     let dir = std::env::temp_dir().join(format!("clef-tt-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
