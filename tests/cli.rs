@@ -9,6 +9,14 @@ use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use std::process::Command;
 
+fn assert_succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn clef_tt() -> Command {
     Command::new(env!("CARGO_BIN_EXE_clef-tt"))
 }
@@ -94,11 +102,7 @@ fn make_random_writes_a_checkpoint_that_loads_and_runs() {
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let ckpt = Checkpoint::open(&dir).unwrap();
     assert_eq!(ckpt.head.as_ref().unwrap().tensors.iter().count(), 122);
     let bb = Backbone::load(&ckpt, CpuMesh::new(MeshShape::PAIR), WeightFormat::Bf16).unwrap();
@@ -110,11 +114,7 @@ fn make_random_writes_a_checkpoint_that_loads_and_runs() {
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

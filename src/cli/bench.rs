@@ -16,6 +16,12 @@ pub struct PrefillRow {
     pub seconds: f64,
 }
 
+/// The median of measurements (the upper one of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Deterministic token ids inside the base vocabulary (no special tokens).
 fn bench_ids(n: usize) -> Vec<u32> {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
@@ -60,8 +66,7 @@ pub fn prefill(
                     bb.prefill(&ids, None)?;
                     times.push(t0.elapsed().as_secs_f64());
                 }
-                times.sort_by(|a, b| a.total_cmp(b));
-                let seconds = times[times.len() / 2];
+                let seconds = median(times);
                 eprintln!(
                     "  {n} tokens: {seconds:.3} s ({:.1} tokens/s)",
                     n as f64 / seconds
@@ -170,12 +175,10 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
         // Drop the warm-up, take medians.
         mem_times.remove(0);
         times.remove(0);
-        mem_times.sort_by(|a, b| a.total_cmp(b));
-        times.sort_by(|a, b| a.total_cmp(b));
         let row = HeadRow {
             rows: t,
-            memory_ms: mem_times[mem_times.len() / 2],
-            total_ms: times[times.len() / 2],
+            memory_ms: median(mem_times),
+            total_ms: median(times),
         };
         eprintln!(
             "  {t} rows: {:.1} ms (memory projection {:.1} ms)",

@@ -32,6 +32,18 @@ enum PanelData {
     Bf16(Vec<u16>),
 }
 
+/// `[n, k]` row-major values laid out as `ceil(n/PANEL)` panels of `[k, PANEL]`, zero-padded.
+fn into_panels<T: Copy + Default>(src: &[T], n: usize, k: usize) -> Vec<T> {
+    let mut out = vec![T::default(); n.div_ceil(PANEL) * k * PANEL];
+    for (row, values) in src.chunks(k).enumerate().take(n) {
+        let (p, j) = (row / PANEL, row % PANEL);
+        for (kk, v) in values.iter().enumerate() {
+            out[(p * k + kk) * PANEL + j] = *v;
+        }
+    }
+    out
+}
+
 /// A weight `[n, k]` packed as `ceil(n/PANEL)` panels of `[k, PANEL]` (zero-padded columns).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedWeight {
@@ -44,21 +56,8 @@ impl PackedWeight {
     /// Pack a `[out, in]` weight, converting to `format` (f32 → bf16 rounds to nearest even).
     pub fn pack(w: &HostWeight, format: WeightFormat) -> Self {
         let (n, k) = (w.rows, w.cols);
-        let panels = n.div_ceil(PANEL);
-        let len = panels * k * PANEL;
-        let at = |p: usize, kk: usize, j: usize| (p * k + kk) * PANEL + j;
         let data = match format {
-            WeightFormat::F32 => {
-                let src = w.to_f32();
-                let mut d = vec![0.0f32; len];
-                for row in 0..n {
-                    let (p, j) = (row / PANEL, row % PANEL);
-                    for kk in 0..k {
-                        d[at(p, kk, j)] = src[row * k + kk];
-                    }
-                }
-                PanelData::F32(d)
-            }
+            WeightFormat::F32 => PanelData::F32(into_panels(&w.to_f32(), n, k)),
             WeightFormat::Bf16 => {
                 let bits: Vec<u16> = match &w.data {
                     WeightData::Bf16(v) => v.iter().map(|b| b.to_bits()).collect(),
@@ -67,14 +66,7 @@ impl PackedWeight {
                         .map(|&f| half::bf16::from_f32(f).to_bits())
                         .collect(),
                 };
-                let mut d = vec![0u16; len];
-                for row in 0..n {
-                    let (p, j) = (row / PANEL, row % PANEL);
-                    for kk in 0..k {
-                        d[at(p, kk, j)] = bits[row * k + kk];
-                    }
-                }
-                PanelData::Bf16(d)
+                PanelData::Bf16(into_panels(&bits, n, k))
             }
         };
         PackedWeight { n, k, data }
