@@ -92,38 +92,6 @@ impl HostWeight {
         }
     }
 
-    /// The same values held in `format` (f32 -> bf16 rounds to nearest even).
-    pub fn into_format(self, format: WeightFormat) -> Self {
-        let data = match (self.data, format) {
-            (WeightData::F32(v), WeightFormat::Bf16) => {
-                WeightData::Bf16(v.into_iter().map(bf16::from_f32).collect())
-            }
-            (WeightData::Bf16(v), WeightFormat::F32) => {
-                WeightData::F32(v.into_iter().map(|x| x.to_f32()).collect())
-            }
-            (same, _) => same,
-        };
-        HostWeight {
-            rows: self.rows,
-            cols: self.cols,
-            data,
-        }
-    }
-
-    /// Rows `[start, end)` (output channels).
-    pub fn row_range(&self, start: usize, end: usize) -> HostWeight {
-        let (a, b) = (start * self.cols, end * self.cols);
-        let data = match &self.data {
-            WeightData::F32(v) => WeightData::F32(v[a..b].to_vec()),
-            WeightData::Bf16(v) => WeightData::Bf16(v[a..b].to_vec()),
-        };
-        HostWeight {
-            rows: end - start,
-            cols: self.cols,
-            data,
-        }
-    }
-
     /// Columns `[start, end)` (input channels).
     pub fn col_range(&self, start: usize, end: usize) -> HostWeight {
         fn take<T: Copy>(v: &[T], cols: usize, start: usize, end: usize) -> Vec<T> {

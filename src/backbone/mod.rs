@@ -13,7 +13,7 @@ mod weights;
 pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, LoadError};
 
-use crate::checkpoint::{Checkpoint, LayerKind, RowTable, TextConfig};
+use crate::checkpoint::{Checkpoint, RowTable, TextConfig};
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
@@ -70,7 +70,6 @@ pub struct Backbone<B: MeshOps> {
     mesh: B,
     config: TextConfig,
     plan: TpPlan,
-    format: WeightFormat,
     layers: Vec<LayerWeights<B::Weight>>,
     final_norm: B::Weight,
     embeddings: RowTable,
@@ -86,7 +85,6 @@ impl<B: MeshOps> Backbone<B> {
             mesh,
             config,
             plan,
-            format,
             layers,
             final_norm,
             embeddings: ckpt.embeddings()?,
@@ -101,9 +99,6 @@ impl<B: MeshOps> Backbone<B> {
     }
     pub fn mesh(&self) -> &B {
         &self.mesh
-    }
-    pub fn format(&self) -> WeightFormat {
-        self.format
     }
 
     /// Bytes of weights placed on the mesh (all devices together).
@@ -476,11 +471,6 @@ impl<B: MeshOps> Backbone<B> {
                 })
             }
         }
-    }
-
-    /// Which layers are attention layers (for callers that walk the state).
-    pub fn layer_kinds(&self) -> &[LayerKind] {
-        &self.config.layers
     }
 }
 

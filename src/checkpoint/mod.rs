@@ -20,7 +20,6 @@ pub use head::{JointHeadConfig, JointHeadFiles};
 pub use hub::{resolve_in_cache, resolve_model_dir};
 pub use tensors::{StoredDtype, TensorInfo, TensorStore};
 
-use half::bf16;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
@@ -160,18 +159,6 @@ impl Checkpoint {
         let name = format!("{TEXT_PREFIX}embed_tokens.weight");
         RowTable::new(self.tensors.clone(), &name, t.vocab_size, t.hidden_size)
     }
-
-    /// A text-model tensor by its name below `model.language_model.`.
-    pub fn text_tensor(&self, name: &str) -> Result<&TensorInfo, CheckpointError> {
-        let full = format!("{TEXT_PREFIX}{name}");
-        self.tensors
-            .info(&full)
-            .ok_or_else(|| CheckpointError::Tensor {
-                file: self.dir.display().to_string(),
-                tensor: full,
-                msg: "missing".into(),
-            })
-    }
 }
 
 /// Rows of a `[rows, cols]` checkpoint matrix read on demand from the mapped file (the LM
@@ -205,13 +192,6 @@ impl RowTable {
         (r < self.rows()).then(|| {
             self.store
                 .read_f32(&self.info, r * self.cols, (r + 1) * self.cols)
-        })
-    }
-    /// Row `r` as bf16, or `None` past the end.
-    pub fn row_bf16(&self, r: usize) -> Option<Vec<bf16>> {
-        (r < self.rows()).then(|| {
-            self.store
-                .read_bf16(&self.info, r * self.cols, (r + 1) * self.cols)
         })
     }
 }

@@ -72,13 +72,6 @@ impl PackedWeight {
         PackedWeight { n, k, data }
     }
 
-    pub fn format(&self) -> WeightFormat {
-        match self.data {
-            PanelData::F32(_) => WeightFormat::F32,
-            PanelData::Bf16(_) => WeightFormat::Bf16,
-        }
-    }
-
     /// Bytes held (padding included).
     pub fn bytes(&self) -> usize {
         match &self.data {
