@@ -3,8 +3,11 @@
 //! Attention over the memory never projects all T memory rows through K and V: with few
 //! queries, K's projection is folded onto the query side (`q·(m Wₖᵀ + bₖ) = (q Wₖ)·m + const`,
 //! the constant cancels in the softmax) and V's is applied after the weighted sum
-//! (`Σ p (m Wᵥᵀ + bᵥ) = (Σ p m) Wᵥᵀ + bᵥ`, the weights sum to 1). The memory projection
-//! (T × H × W) is then the only work that grows with T × width².
+//! (`Σ p (m Wᵥᵀ + bᵥ) = (Σ p m) Wᵥᵀ + bᵥ`, the weights sum to 1). The evidence layers'
+//! memory LayerNorm is folded the same way (its row statistics are shared by every layer), so
+//! the normalised memory is never materialised. The memory projection (T × H × W) is then the
+//! only work that grows with T × width²; each attention layer streams the memory twice (scores,
+//! weighted sums), `T × W × queries × heads` multiply-adds each.
 
 use super::ops::{dot, gelu, norm2, softmax, span_mean, LayerNorm, Linear};
 use crate::checkpoint::{CheckpointError, JointHeadConfig, JointHeadFiles};
@@ -86,6 +89,35 @@ pub struct JointHead {
 pub struct HeadMemory {
     pub memory: Vec<f32>,
     pub rows: usize,
+}
+
+/// The memory rows laid out for the attention passes of one decision.
+struct MemoryOperands {
+    rows: usize,
+    /// `M` as `[T out, W in]` panels: the scores of every folded query in one pass.
+    keys: PackedWeight,
+    /// `M` as `[W out, T in]` panels: probability-weighted sums of the rows.
+    values: PackedWeight,
+    /// Mean and `1/σ` of every row: the evidence layers' memory LayerNorm statistics.
+    mean: Vec<f32>,
+    inv: Vec<f32>,
+}
+
+impl MemoryOperands {
+    fn new(mem: &HeadMemory, width: usize) -> Self {
+        let m = &mem.memory[..mem.rows * width];
+        // Each step is parallel inside; running them side by side was measured slower.
+        let keys = PackedWeight::from_f32_rows(m, mem.rows, width);
+        let values = PackedWeight::from_f32_cols(m, mem.rows, width);
+        let (mean, inv) = m.par_chunks(width).map(row_stats).unzip();
+        MemoryOperands {
+            rows: mem.rows,
+            keys,
+            values,
+            mean,
+            inv,
+        }
+    }
 }
 
 /// The memory projection with the hidden LayerNorm folded in:
@@ -300,10 +332,16 @@ impl JointHead {
                 .for_each(|(a, b)| *a += b);
         }
         // Evidence routing.
+        let operands = MemoryOperands::new(mem, w);
         for layer in &self.evidence {
             let a = layer.query_norm.forward(&z);
-            let m = layer.memory_norm.forward(&mem.memory);
-            let att = self.cross_attention(&layer.attention, &a, no, &m, t);
+            let att = self.cross_attention(
+                &layer.attention,
+                &a,
+                no,
+                &operands,
+                Some(&layer.memory_norm),
+            );
             z.iter_mut().zip(&att).for_each(|(x, y)| *x += y);
             let hdn: Vec<f32> = layer
                 .ff1
@@ -348,7 +386,7 @@ impl JointHead {
             let sa = self.self_attention(&layer.self_attn, &a, nq);
             f.iter_mut().zip(&sa).for_each(|(x, y)| *x += y);
             let a = layer.norm2.forward(&f);
-            let ca = self.cross_attention(&layer.cross_attn, &a, nq, &mem.memory, t);
+            let ca = self.cross_attention(&layer.cross_attn, &a, nq, &operands, None);
             f.iter_mut().zip(&ca).for_each(|(x, y)| *x += y);
             let hdn: Vec<f32> = layer
                 .linear1
@@ -408,19 +446,21 @@ impl JointHead {
         out
     }
 
-    /// Multi-head attention of `nq` queries over `t` memory rows, K and V folded (see the
-    /// module comment).
+    /// Multi-head attention of `nq` queries over the memory rows, K and V folded (see the
+    /// module comment). With `norm`, the keys and values are `norm(M)`, folded too: scores
+    /// `LN(m)·k = (m·(γ∘k) − μ Σγ∘k)/σ + β·k` (the last term cancels in the softmax) and
+    /// weighted sums `Σ p LN(m) = γ∘(Σ (p/σ) m − Σ (p/σ) μ) + β`.
     fn cross_attention(
         &self,
         att: &Attention,
         a: &[f32],
         nq: usize,
-        m: &[f32],
-        t: usize,
+        mem: &MemoryOperands,
+        norm: Option<&LayerNorm>,
     ) -> Vec<f32> {
         let c = &self.config;
         let (w, heads, d) = (c.width, c.heads, c.head_dim());
-        let scale = c.attention_scale();
+        let (t, scale) = (mem.rows, c.attention_scale());
         // q = a Wqᵀ + bq, [nq, w].
         let q = att.q.forward(a, nq);
         // Folded keys: qk[(i, h)] = q_ih · Wk_h, a [w] vector per query and head.
@@ -447,49 +487,54 @@ impl JointHead {
                     .copy_from_slice(&block[i * w..(i + 1) * w]);
             }
         }
-        // Scores [t, pairs] = m · qkᵀ, then a softmax over t per (query, head).
-        let packed = PackedWeight::pack(&HostWeight::f32(pairs, w, qk), WeightFormat::F32);
-        let scores = matmul::linear(m, t, &packed);
-        let mut probs = vec![0.0f32; pairs * t];
-        probs.par_chunks_mut(t).enumerate().for_each(|(p, row)| {
-            for (tt, v) in row.iter_mut().enumerate() {
-                *v = scores[tt * pairs + p] * scale;
-            }
-            softmax(row);
-        });
-        // Weighted memory per pair: [pairs, w] = probs · m, split by blocks of memory columns so
-        // the T x w memory is streamed once.
-        let col_block = 64;
-        let parts: Vec<Vec<f32>> = (0..w.div_ceil(col_block))
-            .into_par_iter()
-            .map(|cb| {
-                let c0 = cb * col_block;
-                let cols = col_block.min(w - c0);
-                let mut dst = vec![0.0f32; pairs * cols];
-                small_matmul(
-                    pairs,
-                    cols,
-                    t,
-                    &mut dst,
-                    false,
-                    &probs,
-                    t,
-                    1,
-                    &m[c0..],
-                    w,
-                    1,
-                );
-                dst
-            })
-            .collect();
-        let mut mixed = vec![0.0f32; pairs * w];
-        for (cb, part) in parts.iter().enumerate() {
-            let c0 = cb * col_block;
-            let cols = part.len() / pairs;
-            for pr in 0..pairs {
-                mixed[pr * w + c0..pr * w + c0 + cols]
-                    .copy_from_slice(&part[pr * cols..(pr + 1) * cols]);
-            }
+        // With a norm: qk ← γ∘qk, and Σγ∘qk per pair for the mean term.
+        let gamma_sums: Vec<f32> = match norm {
+            Some(ln) => qk
+                .chunks_mut(w)
+                .map(|row| {
+                    row.iter_mut().zip(&ln.weight).for_each(|(v, g)| *v *= g);
+                    row.iter().sum()
+                })
+                .collect(),
+            None => vec![0.0; pairs],
+        };
+        // Scores [pairs, t] in one pass over the memory, then a softmax per (query, head); with
+        // a norm the weights absorb 1/σ and `mean_terms` collects Σ (p/σ) μ.
+        let mut probs = matmul::linear(&qk, pairs, &mem.keys);
+        let mut mean_terms = vec![0.0f32; pairs];
+        probs
+            .par_chunks_mut(t)
+            .zip(&gamma_sums)
+            .zip(&mut mean_terms)
+            .for_each(|((row, &gamma_sum), mean_term)| {
+                if norm.is_some() {
+                    for ((v, &mu), &inv) in row.iter_mut().zip(&mem.mean).zip(&mem.inv) {
+                        *v = inv * (*v - mu * gamma_sum) * scale;
+                    }
+                } else {
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+                softmax(row);
+                if norm.is_some() {
+                    let mut sum = 0.0f32;
+                    for ((p, &mu), &inv) in row.iter_mut().zip(&mem.mean).zip(&mem.inv) {
+                        *p *= inv;
+                        sum += *p * mu;
+                    }
+                    *mean_term = sum;
+                }
+            });
+        // Weighted memory per pair: [pairs, w] = probs · M.
+        let mut mixed = matmul::linear(&probs, pairs, &mem.values);
+        if let Some(ln) = norm {
+            mixed
+                .par_chunks_mut(w)
+                .zip(&mean_terms)
+                .for_each(|(row, &mean_term)| {
+                    for ((v, g), b) in row.iter_mut().zip(&ln.weight).zip(&ln.bias) {
+                        *v = g * (*v - mean_term) + b;
+                    }
+                });
         }
         // V after the weighted sum: every pair through all of Wv, then each pair keeps its
         // head's columns (16x the needed FLOPs, but one packed matmul of a few hundred rows).
