@@ -139,6 +139,35 @@ struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
     max_body_bytes: usize,
+    /// State prefixes each worker keeps (0 disables the prefix cache).
+    #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
+    prefix_cache: usize,
+    /// Bytes all prefix cache slots may hold together (e.g. 2GiB); unset: half the memory
+    /// available at start.
+    #[arg(long, env = "CLEF_PREFIX_CACHE_BYTES", value_parser = parse_bytes)]
+    prefix_cache_bytes: Option<usize>,
+    /// Cache prefixes at whole prefill passes (see README, "Prefix cache").
+    #[arg(long, env = "CLEF_PLANNER", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    planner: bool,
+}
+
+/// A byte count: digits with an optional `KiB`/`MiB`/`GiB` (or `K`/`M`/`G`) suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 2147483648 or 2GiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        other => return Err(format!("unknown byte unit {other:?} (KiB, MiB, GiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[derive(Subcommand)]
@@ -263,6 +292,11 @@ fn main() -> anyhow::Result<()> {
                 warmup: a.warmup,
                 strict: a.strict,
                 max_body_bytes: a.max_body_bytes,
+                prefix_cache: cli::serve::PrefixCacheOptions {
+                    slots: a.prefix_cache,
+                    max_bytes: a.prefix_cache_bytes,
+                    planner: a.planner,
+                },
             })?;
         }
         Command::Inspect { model, revision } => {

@@ -12,9 +12,11 @@ use clef_tt::api::HostLimits;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
+use clef_tt::engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::Pipeline;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 const RULE: LengthRule = LengthRule::Server {
@@ -41,7 +43,10 @@ fn settings() -> ServerSettings {
 
 /// Start a server on an ephemeral loopback port; returns its base URL.
 fn start(settings: ServerSettings, workers: usize, queue: usize) -> String {
-    let pipelines = (0..workers).map(|_| pipeline()).collect();
+    start_with(settings, (0..workers).map(|_| pipeline()).collect(), queue)
+}
+
+fn start_with(settings: ServerSettings, pipelines: Vec<Pipeline<CpuMesh>>, queue: usize) -> String {
     let engine = Engine::start(pipelines, queue, None);
     let state = AppState::new(engine, settings);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -94,14 +99,19 @@ fn post(base: &str, body: &[u8], headers: &[(&str, &str)]) -> (u16, Vec<(String,
         req = req.header("content-type", "application/json");
     }
     let mut r = req.send(body).unwrap();
-    let hs = ["x-request-id", "x-typesafe-request-id", "retry-after"]
-        .iter()
-        .filter_map(|h| {
-            r.headers()
-                .get(*h)
-                .map(|v| (h.to_string(), v.to_str().unwrap_or("").to_string()))
-        })
-        .collect();
+    let hs = [
+        "x-request-id",
+        "x-typesafe-request-id",
+        "retry-after",
+        "x-clef-prefix-cache",
+    ]
+    .iter()
+    .filter_map(|h| {
+        r.headers()
+            .get(*h)
+            .map(|v| (h.to_string(), v.to_str().unwrap_or("").to_string()))
+    })
+    .collect();
     (
         r.status().as_u16(),
         hs,
@@ -157,7 +167,7 @@ fn goldens_over_http_equal_the_library_answers_with_headers_and_latency() {
         assert_eq!(dumps(&got, false), dumps(&want.1, false), "{id}");
         let rid: Vec<&String> = headers
             .iter()
-            .filter(|(k, _)| k.starts_with("x-"))
+            .filter(|(k, _)| k.ends_with("request-id"))
             .map(|(_, v)| v)
             .collect();
         assert_eq!(rid.len(), 2, "{id}: request id headers");
@@ -360,6 +370,71 @@ fn strip_latency(text: &str) -> String {
         o.remove("latency_ms");
     }
     dumps(&v, false)
+}
+
+#[test]
+fn concurrent_requests_on_one_cached_state_agree_and_are_counted() {
+    let stats = Arc::new(PrefixCacheStats::default());
+    let cached = |slots| {
+        pipeline().with_prefix_cache(
+            PrefixCacheConfig {
+                slots,
+                ..Default::default()
+            },
+            stats.clone(),
+        )
+    };
+    let base = start_with(settings(), vec![cached(4), cached(4)], 64);
+    let body = |q: usize| {
+        let questions = [
+            r#"{"outage":{"type":"noul","instructions":"Is a service down?"}}"#,
+            r#"{"team":{"type":"choice","criteria":{"billing":"Payments","technical":"Outages"}}}"#,
+        ][q % 2];
+        format!(
+            r#"{{"model":"m","state":"{}","questions":{questions}}}"#,
+            "checkout errors block orders ".repeat(120)
+        )
+    };
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let (base, body) = (base.clone(), body(i));
+            std::thread::spawn(move || post(&base, body.as_bytes(), &[]))
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, (status, headers, text)) in results.iter().enumerate() {
+        assert_eq!(*status, 200, "{text}");
+        let cache = headers
+            .iter()
+            .find(|(k, _)| k == "x-clef-prefix-cache")
+            .map(|(_, v)| v.as_str());
+        assert!(matches!(cache, Some("hit" | "miss")), "{cache:?}");
+        // Every answer equals a later solo answer (a hit on a warm slot).
+        let (_, _, solo) = post(&base, body(i).as_bytes(), &[]);
+        assert_eq!(strip_latency(text), strip_latency(&solo));
+    }
+    let hits = stats.hits.load(std::sync::atomic::Ordering::Relaxed);
+    let misses = stats.misses.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(hits + misses, 16);
+    assert!(
+        (1..=2).contains(&misses),
+        "one miss per worker at most: {misses}"
+    );
+    let (_, metrics) = get(&base, "/metrics");
+    assert!(
+        metrics.contains(&format!("clef_prefix_cache_hits_total {hits}")),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("clef_prefix_cache_misses_total {misses}")));
+    assert!(metrics.contains("clef_prefix_cache_evictions_total 0"));
+    let bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(bytes > 0 && metrics.contains(&format!("clef_prefix_cache_bytes {bytes}")));
+    let (_, models) = get(&base, "/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(
+        models["models"][0]["counters"]["prefix_cache_hits"],
+        json!(hits)
+    );
 }
 
 #[test]

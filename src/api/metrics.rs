@@ -34,6 +34,10 @@ pub struct Snapshot {
     pub abandoned: u64,
     pub cancelled: u64,
     pub panics: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
+    pub cache_bytes: u64,
 }
 
 impl Metrics {
@@ -140,6 +144,30 @@ impl Metrics {
                 "Requests that panicked inside a worker.",
                 "counter",
                 s.panics as f64,
+            ),
+            (
+                "clef_prefix_cache_hits_total",
+                "Requests whose state prefix was cached.",
+                "counter",
+                s.cache_hits as f64,
+            ),
+            (
+                "clef_prefix_cache_misses_total",
+                "Cacheable requests whose state prefix was not cached.",
+                "counter",
+                s.cache_misses as f64,
+            ),
+            (
+                "clef_prefix_cache_evictions_total",
+                "Prefix cache slots dropped to make room.",
+                "counter",
+                s.cache_evictions as f64,
+            ),
+            (
+                "clef_prefix_cache_bytes",
+                "Bytes held by the prefix cache slots of all workers.",
+                "gauge",
+                s.cache_bytes as f64,
             ),
         ];
         for (name, help, kind, v) in gauges {

@@ -8,6 +8,7 @@ use super::metrics::{Metrics, Snapshot};
 use super::{parse_body, validate, ApiError, HostLimits};
 use crate::encode::json::dumps;
 use crate::encode::LengthRule;
+use crate::engine::prefix_cache::CacheUse;
 use crate::engine::worker::{Engine, Job, SubmitError};
 use axum::body::{to_bytes, Body};
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -70,6 +71,10 @@ impl AppState {
             abandoned: s.abandoned.load(Ordering::Relaxed),
             cancelled: s.cancelled.load(Ordering::Relaxed),
             panics: s.panics.load(Ordering::Relaxed),
+            cache_hits: s.prefix_cache.hits.load(Ordering::Relaxed),
+            cache_misses: s.prefix_cache.misses.load(Ordering::Relaxed),
+            cache_evictions: s.prefix_cache.evictions.load(Ordering::Relaxed),
+            cache_bytes: s.prefix_cache.bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -161,7 +166,14 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let started = Instant::now();
     let id = state.request_id();
     let (resp, status, tokens) = match decide(&state, request).await {
-        Ok((body, tokens)) => (json_response(200, &body, &id), 200, tokens),
+        Ok((body, tokens, cache)) => {
+            let mut resp = json_response(200, &body, &id);
+            resp.headers_mut().insert(
+                "x-clef-prefix-cache",
+                HeaderValue::from_static(cache.name()),
+            );
+            (resp, 200, tokens)
+        }
         Err(e) => (error_response(&e, &id), e.status, 0),
     };
     let secs = started.elapsed().as_secs_f64();
@@ -170,7 +182,7 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     resp
 }
 
-async fn decide(state: &AppState, request: Request) -> Result<(Value, usize), ApiError> {
+async fn decide(state: &AppState, request: Request) -> Result<(Value, usize, CacheUse), ApiError> {
     let (parts, body) = request.into_parts();
     check_key(state, &parts.headers)?;
     let limit = state.settings.max_body_bytes;
@@ -259,7 +271,7 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize), Ap
         .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
     let mut body = decision.response;
     body["latency_ms"] = json!((decision.model_seconds * 1e4).round() / 10.0);
-    Ok((body, decision.record.input_ids.len()))
+    Ok((body, decision.record.input_ids.len(), decision.cache))
 }
 
 /// The body as sent: identity, gzip or zstd (the Python SDK compresses bodies of 1 KiB and
@@ -315,8 +327,11 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     }
     let snap = state.snapshot();
     let mut card = state.settings.card.clone();
-    card["counters"] =
-        json!({"tokens": snap.tokens, "queued": snap.queued, "abandoned": snap.abandoned});
+    card["counters"] = json!({
+        "tokens": snap.tokens, "queued": snap.queued, "abandoned": snap.abandoned,
+        "prefix_cache_hits": snap.cache_hits, "prefix_cache_misses": snap.cache_misses,
+        "prefix_cache_evictions": snap.cache_evictions, "prefix_cache_bytes": snap.cache_bytes,
+    });
     let names: Vec<String> = if state.settings.model_names.is_empty() {
         vec![card["name"].as_str().unwrap_or("clef").to_string()]
     } else {

@@ -13,7 +13,7 @@ mod weights;
 pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, LoadError};
 
-use crate::checkpoint::{Checkpoint, RowTable, TextConfig};
+use crate::checkpoint::{Checkpoint, LayerKind, RowTable, TextConfig};
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
@@ -140,6 +140,34 @@ impl<B: MeshOps> Backbone<B> {
             };
         }
         total
+    }
+
+    /// Bytes a prefill state holds on the mesh.
+    pub fn state_bytes(&self, state: &PrefillState<B::Tensor>) -> usize {
+        let m = &self.mesh;
+        state
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention { keys, values } => {
+                    m.tensor_bytes(keys) + m.tensor_bytes(values)
+                }
+                LayerState::DeltaNet { conv, recurrent } => {
+                    m.tensor_bytes(conv) + m.tensor_bytes(recurrent)
+                }
+            })
+            .sum()
+    }
+
+    /// Bytes a prefill state at position `p` will hold, from the configuration (f32 state;
+    /// every device owns whole KV and value heads, so nothing is stored twice): K and V rows
+    /// of every attention layer, conv carry and recurrent state of every DeltaNet layer.
+    pub fn state_bytes_at(&self, p: usize) -> usize {
+        let c = &self.config;
+        let kv = 2 * p * c.num_key_value_heads * c.head_dim;
+        let conv = (c.linear_conv_kernel_dim - 1) * c.conv_dim();
+        let recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+        4 * (c.count(LayerKind::Attention) * kv + c.count(LayerKind::DeltaNet) * (conv + recurrent))
     }
 
     /// Embedding rows of `ids` (read from the mapped checkpoint, widened to f32).

@@ -163,7 +163,7 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
             let t0 = Instant::now();
             let memory = head.memory(&hidden, t);
             let t1 = Instant::now();
-            let logits = head.logits(&hidden, &memory, &questions, &lexical);
+            let logits = head.logits(&hidden, 0, &memory, &questions, &lexical);
             let t2 = Instant::now();
             anyhow::ensure!(
                 logits.iter().flatten().all(|l| l.is_finite()),

@@ -8,9 +8,11 @@ use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
+use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStats, PREFIX_ALIGN};
 use clef_tt::engine::worker::Engine;
-use clef_tt::engine::Pipeline;
+use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
 use serde_json::json;
+use std::sync::Arc;
 
 /// Everything `serve` needs, resolved from flags and `CLEF_*` variables.
 pub struct ServeOptions {
@@ -29,12 +31,83 @@ pub struct ServeOptions {
     pub warmup: bool,
     pub strict: bool,
     pub max_body_bytes: usize,
+    pub prefix_cache: PrefixCacheOptions,
+}
+
+/// The prefix cache as asked for (`CLEF_PREFIX_CACHE`, `CLEF_PREFIX_CACHE_BYTES`,
+/// `CLEF_PLANNER`).
+pub struct PrefixCacheOptions {
+    pub slots: usize,
+    /// For all workers together; `None`: half the memory available at start.
+    pub max_bytes: Option<usize>,
+    pub planner: bool,
+}
+
+/// What the server runs with after fitting the asked slots under the byte cap.
+struct PrefixCachePlan {
+    config: PrefixCacheConfig,
+    asked_slots: usize,
+    slot_bytes: usize,
+    cap: Option<usize>,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Fit the slots under the cap: a slot can grow to the longest cacheable state piece, so
+/// `workers × slots × slot_bytes` must stay under it; fewer slots (with a warning) otherwise.
+fn plan_prefix_cache(o: &ServeOptions, slot_bytes_at: impl Fn(usize) -> usize) -> PrefixCachePlan {
+    let asked = &o.prefix_cache;
+    let longest = match o.rule {
+        LengthRule::Server { max_state, .. } => max_state,
+        LengthRule::Reference { max_length } => max_length,
+    };
+    let p = boundary(longest, PREFILL_CHUNK, asked.planner).unwrap_or(0);
+    let slot_bytes = slot_bytes_at(p);
+    let cap = asked
+        .max_bytes
+        .or_else(|| available_memory().map(|m| m / 2));
+    let workers = o.workers.max(1);
+    let mut slots = asked.slots;
+    if let Some(cap) = cap {
+        let fit = cap / workers / slot_bytes.max(1);
+        if fit < slots {
+            tracing::warn!(
+                asked = slots,
+                kept = fit,
+                slot_mib = slot_bytes >> 20,
+                cap_mib = cap >> 20,
+                "the prefix cache would not fit its byte cap at the longest state: fewer slots per worker"
+            );
+            slots = fit;
+        }
+    }
+    PrefixCachePlan {
+        config: PrefixCacheConfig {
+            slots,
+            max_bytes: cap.map(|c| c / workers),
+            planner: asked.planner,
+        },
+        asked_slots: asked.slots,
+        slot_bytes,
+        cap,
+    }
 }
 
 /// A tiny request each worker answers before it counts as ready.
 const WARMUP: &str = r#"{"model":"warmup","state":"warm-up","questions":{"ok":{"type":"noul","instructions":"Is the server ready?"}}}"#;
 
-fn card(o: &ServeOptions, ckpt: &Checkpoint, limits: &HostLimits) -> serde_json::Value {
+fn card(
+    o: &ServeOptions,
+    ckpt: &Checkpoint,
+    limits: &HostLimits,
+    cache: &PrefixCachePlan,
+) -> serde_json::Value {
     let name = o.model_names.first().cloned().unwrap_or_else(|| {
         if o.is_default_model {
             "clef-tt-demo".into()
@@ -79,7 +152,15 @@ fn card(o: &ServeOptions, ckpt: &Checkpoint, limits: &HostLimits) -> serde_json:
             "max_id_chars": limits.max_id_chars, "strict": limits.strict,
             "images": false
         },
-        "prefix_cache": {"slots": 0, "note": "not implemented yet"}
+        "prefix_cache": {
+            "slots_per_worker": cache.config.slots,
+            "slots_asked": cache.asked_slots,
+            "bytes_per_slot": cache.slot_bytes,
+            "max_bytes": cache.cap,
+            "planner": cache.config.planner,
+            "alignment": PREFIX_ALIGN,
+            "note": "bytes_per_slot is a slot at the longest cacheable state piece"
+        }
     })
 }
 
@@ -90,10 +171,22 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         tracing::warn!("serving the built-in DEMO model (tiny, random weights): its answers mean nothing; pass --model for a real checkpoint");
     }
     let mut pipelines = Vec::new();
+    let cache_stats = Arc::new(PrefixCacheStats::default());
+    let mut cache_plan = None;
     for i in 0..o.workers.max(1) {
         tracing::info!(worker = i, mesh = %o.mesh, precision = o.format.name(), "loading weights");
-        pipelines.push(Pipeline::new(&ckpt, CpuMesh::new(o.mesh), o.format)?);
+        let pipeline = Pipeline::new(&ckpt, CpuMesh::new(o.mesh), o.format)?;
+        let plan = cache_plan
+            .get_or_insert_with(|| plan_prefix_cache(&o, |p| pipeline.prefix_slot_bytes(p)));
+        pipelines.push(pipeline.with_prefix_cache(plan.config, cache_stats.clone()));
     }
+    let cache_plan = cache_plan.ok_or_else(|| anyhow::anyhow!("no workers"))?;
+    tracing::info!(
+        slots = cache_plan.config.slots,
+        slot_mib = cache_plan.slot_bytes >> 20,
+        planner = cache_plan.config.planner,
+        "prefix cache"
+    );
     let rule = o.rule;
     let limits = HostLimits {
         strict: o.strict,
@@ -109,7 +202,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         None
     };
     let engine = Engine::start(pipelines, o.max_queue, warmup);
-    let card = card(&o, &ckpt, &limits);
+    let card = card(&o, &ckpt, &limits, &cache_plan);
     let settings = ServerSettings {
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         model_names: o.model_names.clone(),

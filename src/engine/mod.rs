@@ -1,17 +1,23 @@
 //! The decision pipeline of one worker: a validated request → encoded record → backbone
 //! prefill on the mesh → joint head on the host → the reference's response.
-//! `worker` runs pipelines on worker threads behind a bounded queue.
+//! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
+//! state prefixes a worker has seen recently.
 
+pub mod prefix_cache;
 pub mod worker;
 
 use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
-use crate::backbone::{Backbone, LoadError};
+use crate::backbone::{Backbone, LoadError, PrefillState};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
-use crate::head::{HeadQuestion, JointHead};
-use clef_device::{HostTensor, MeshOps, WeightFormat};
+use crate::head::{HeadMemory, HeadQuestion, JointHead};
+use clef_device::{MeshOps, WeightFormat};
+use prefix_cache::{
+    boundary, CacheKey, CacheUse, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixSlot,
+};
 use serde_json::{json, Map, Value};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Tokens per prefill pass: a running request can be cancelled between passes. (The
@@ -36,7 +42,21 @@ pub struct Decision {
     pub logits: Vec<Vec<f32>>,
     pub probabilities: Vec<Vec<f32>>,
     pub model_seconds: f64,
+    /// How the prefix cache served this request.
+    pub cache: CacheUse,
 }
+
+/// What the model computed for one prompt: the backbone's final rows from `first_row` on (the
+/// rows of a cached prefix are not needed: every span the head reads lies after the state)
+/// and the head's memory rows of the whole prompt.
+struct ModelRows {
+    hidden: Vec<f32>,
+    first_row: usize,
+    memory: HeadMemory,
+    cache: CacheUse,
+}
+
+type Cache<B> = PrefixCache<PrefillState<<B as MeshOps>::Tensor>, HeadMemory>;
 
 /// Everything one worker needs to answer requests.
 pub struct Pipeline<B: MeshOps> {
@@ -45,6 +65,7 @@ pub struct Pipeline<B: MeshOps> {
     tokenizer: tokenizers::Tokenizer,
     lm_head: RowTable,
     hidden: usize,
+    cache: Mutex<Cache<B>>,
 }
 
 impl<B: MeshOps> Pipeline<B> {
@@ -64,7 +85,49 @@ impl<B: MeshOps> Pipeline<B> {
             tokenizer: ckpt.tokenizer()?,
             lm_head: ckpt.lm_head()?,
             hidden: ckpt.config.text.hidden_size,
+            cache: Mutex::new(PrefixCache::new(
+                PrefixCacheConfig {
+                    slots: 0,
+                    ..Default::default()
+                },
+                Arc::default(),
+            )),
         })
+    }
+
+    /// Cache state prefixes as `config` says, counting into `stats` (shared by the workers of
+    /// a server). A new pipeline caches nothing.
+    pub fn with_prefix_cache(
+        self,
+        config: PrefixCacheConfig,
+        stats: Arc<PrefixCacheStats>,
+    ) -> Self {
+        Pipeline {
+            cache: Mutex::new(PrefixCache::new(config, stats)),
+            ..self
+        }
+    }
+
+    /// Bytes one cache slot holds at cached length `p`: the backbone state and the head's
+    /// memory rows.
+    pub fn prefix_slot_bytes(&self, p: usize) -> usize {
+        self.backbone.state_bytes_at(p) + p * self.head.config.width * 4
+    }
+
+    /// The counters this pipeline's cache adds to.
+    pub fn cache_stats(&self) -> Arc<PrefixCacheStats> {
+        self.lock_cache().stats()
+    }
+
+    /// Cached lengths, least recently used first.
+    pub fn cached_lengths(&self) -> Vec<usize> {
+        self.lock_cache().lengths()
+    }
+
+    /// The cache; a panic elsewhere while it was held cannot leave it half-changed (its
+    /// methods do not panic), so a poisoned lock is taken over.
+    fn lock_cache(&self) -> MutexGuard<'_, Cache<B>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
@@ -119,9 +182,8 @@ impl<B: MeshOps> Pipeline<B> {
             EncodeError::Tokenizer(m) => ApiError::internal(format!("tokenizer: {m}")),
         })?;
         let started = Instant::now();
-        let hidden = self.chunked_prefill(&record.input_ids, cancelled)?;
-        let memory = self.head.memory(&hidden.data, hidden.rows);
-        let logits = self.logits(&record, &hidden.data, &memory)?;
+        let rows = self.run_model(&record, cancelled)?;
+        let logits = self.logits(&record, &rows.hidden, rows.first_row, &rows.memory)?;
         let model_seconds = started.elapsed().as_secs_f64();
         let probabilities: Vec<Vec<f32>> = logits.iter().map(|l| probabilities(l)).collect();
         let mut answers = Map::new();
@@ -148,18 +210,80 @@ impl<B: MeshOps> Pipeline<B> {
             logits,
             probabilities,
             model_seconds,
+            cache: rows.cache,
         })
     }
 
-    /// The prefill in chunks of [`PREFILL_CHUNK`] tokens, each continuing the state of the one
-    /// before, checking `cancelled` between chunks.
+    /// Backbone and head memory for a record. With the cache on and a state piece of at least
+    /// one aligned block, the prompt runs as two passes, the prefix `[0, P)` and the tail
+    /// `[P, T)`, whether the prefix is cached or not, so a hit computes exactly what its miss
+    /// did. The slot is kept only once its prefix pass finished.
+    fn run_model(
+        &self,
+        record: &EncodedRecord,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<ModelRows, ApiError> {
+        let ids = &record.input_ids;
+        let config = self.lock_cache().config();
+        let cut = match config.slots {
+            0 => None,
+            _ => boundary(record.state_end, PREFILL_CHUNK, config.planner),
+        };
+        let Some(p) = cut.filter(|&p| p < ids.len()) else {
+            let (hidden, _) = self.chunked_prefill(ids, None, cancelled)?;
+            let memory = self.head.memory(&hidden, ids.len());
+            let cache = match config.slots {
+                0 => CacheUse::Off,
+                _ => CacheUse::Uncacheable,
+            };
+            return Ok(ModelRows {
+                hidden,
+                first_row: 0,
+                memory,
+                cache,
+            });
+        };
+        let key = CacheKey::text(&ids[..p]);
+        let found = self.lock_cache().lookup(&key);
+        let (slot, cache) = match found {
+            Some(slot) => (slot, CacheUse::Hit),
+            None => {
+                let (hidden, state) = self.chunked_prefill(&ids[..p], None, cancelled)?;
+                let memory = self.head.memory(&hidden, p);
+                let bytes = self.backbone.state_bytes(&state) + memory.bytes();
+                let slot = PrefixSlot {
+                    key,
+                    state,
+                    memory,
+                    bytes,
+                };
+                (self.lock_cache().insert(slot), CacheUse::Miss)
+            }
+        };
+        let (hidden, _) = self.chunked_prefill(&ids[p..], Some(&slot.state), cancelled)?;
+        let memory = slot
+            .memory
+            .clone()
+            .then(self.head.memory(&hidden, ids.len() - p));
+        Ok(ModelRows {
+            hidden,
+            first_row: p,
+            memory,
+            cache,
+        })
+    }
+
+    /// The prefill of `ids` (at least one) in chunks of [`PREFILL_CHUNK`] tokens, the first
+    /// continuing `start`, each next one the state of the one before, checking `cancelled`
+    /// between chunks. Returns the final rows `[ids, hidden]` and the state after the last id.
     fn chunked_prefill(
         &self,
         ids: &[u32],
+        start: Option<&PrefillState<B::Tensor>>,
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<HostTensor, ApiError> {
+    ) -> Result<(Vec<f32>, PrefillState<B::Tensor>), ApiError> {
         let fail = |e: crate::backbone::PrefillError| ApiError::internal(format!("prefill: {e}"));
-        let mut state = None;
+        let mut state: Option<PrefillState<B::Tensor>> = None;
         let mut rows: Vec<f32> = Vec::with_capacity(ids.len() * self.hidden);
         for chunk in ids.chunks(PREFILL_CHUNK) {
             if cancelled() {
@@ -170,21 +294,39 @@ impl<B: MeshOps> Pipeline<B> {
                     kind: "cancelled".into(),
                 });
             }
-            let (hidden, next) = self.backbone.prefill(chunk, state.as_ref()).map_err(fail)?;
+            let (hidden, next) = self
+                .backbone
+                .prefill(chunk, state.as_ref().or(start))
+                .map_err(fail)?;
             rows.extend_from_slice(&hidden.data);
             state = Some(next);
         }
-        Ok(HostTensor::new(ids.len(), self.hidden, rows))
+        let state = state.ok_or_else(|| ApiError::internal("prefill of an empty prompt"))?;
+        Ok((rows, state))
     }
 
-    /// The head's logits for an encoded record, given its memory rows.
-    pub fn logits(
+    /// The head's logits for an encoded record, given its final hidden rows from position
+    /// `first_row` on and its memory rows.
+    fn logits(
         &self,
         record: &EncodedRecord,
         hidden: &[f32],
-        memory: &crate::head::HeadMemory,
+        first_row: usize,
+        memory: &HeadMemory,
     ) -> Result<Vec<Vec<f32>>, ApiError> {
         let h = self.hidden;
+        let spans_start = record
+            .questions
+            .iter()
+            .flat_map(|q| std::iter::once(q.span).chain(q.option_spans.iter().copied()))
+            .map(|(s, _)| s)
+            .min()
+            .unwrap_or(first_row);
+        if spans_start < first_row || hidden.len() / h + first_row != record.input_ids.len() {
+            return Err(ApiError::internal(format!(
+                "the head needs rows from {spans_start}; rows from {first_row} were kept"
+            )));
+        }
         let mut lexical = Vec::new();
         let mut questions = Vec::with_capacity(record.questions.len());
         for q in &record.questions {
@@ -206,6 +348,8 @@ impl<B: MeshOps> Pipeline<B> {
                 option_spans: q.option_spans.clone(),
             });
         }
-        Ok(self.head.logits(hidden, memory, &questions, &lexical))
+        Ok(self
+            .head
+            .logits(hidden, first_row, memory, &questions, &lexical))
     }
 }

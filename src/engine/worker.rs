@@ -4,6 +4,7 @@
 //! running stops at the next prefill chunk boundary. The blocking
 //! model work never runs on the async runtime's threads.
 
+use super::prefix_cache::PrefixCacheStats;
 use super::{Decision, Pipeline};
 use crate::api::{ApiError, SystemOneRequest};
 use crate::encode::LengthRule;
@@ -38,6 +39,8 @@ pub struct EngineStats {
     pub panics: AtomicU64,
     /// Running jobs stopped between prefill chunks because their client left.
     pub cancelled: AtomicU64,
+    /// The workers' prefix caches.
+    pub prefix_cache: Arc<PrefixCacheStats>,
 }
 
 /// The queue front: submit jobs, read the counters.
@@ -57,7 +60,8 @@ pub enum SubmitError {
 
 impl Engine {
     /// Start `pipelines.len()` workers over one queue of `capacity` jobs. `warmup` is answered
-    /// once by every worker before it counts as ready.
+    /// once by every worker before it counts as ready. The pipelines should share one
+    /// [`PrefixCacheStats`] (see [`Pipeline::with_prefix_cache`]).
     pub fn start<B: MeshOps + Send + 'static>(
         pipelines: Vec<Pipeline<B>>,
         capacity: usize,
@@ -68,7 +72,14 @@ impl Engine {
     {
         let (tx, rx) = mpsc::channel::<Job>(capacity.max(1));
         let rx = Arc::new(Mutex::new(rx));
-        let stats = Arc::new(EngineStats::default());
+        // Pipelines of one server share their cache counters; the first one's are reported.
+        let stats = Arc::new(EngineStats {
+            prefix_cache: pipelines
+                .first()
+                .map(|p| p.cache_stats())
+                .unwrap_or_default(),
+            ..EngineStats::default()
+        });
         let workers = pipelines.len();
         for (i, pipeline) in pipelines.into_iter().enumerate() {
             let rx = rx.clone();

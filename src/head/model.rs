@@ -14,6 +14,7 @@ use crate::checkpoint::{CheckpointError, JointHeadConfig, JointHeadFiles};
 use clef_device::cpu::matmul::{self, small_matmul, PackedWeight};
 use clef_device::{HostWeight, WeightFormat};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// One question as the head sees it.
 #[derive(Clone, Debug)]
@@ -84,11 +85,45 @@ pub struct JointHead {
     gate: f32,
 }
 
-/// The head's memory rows `M = memory_projection(LN(hidden))`, `[T, W]` (rows are
-/// independent, so a prefix of them can be kept and extended).
+/// The head's memory rows `M = memory_projection(LN(hidden))`, `[T, W]`. Rows are
+/// independent, so they may sit in pieces: a cached prefix's rows (shared with its cache slot)
+/// followed by the rows computed for this request.
+#[derive(Clone, Debug)]
 pub struct HeadMemory {
-    pub memory: Vec<f32>,
-    pub rows: usize,
+    parts: Vec<Arc<Vec<f32>>>,
+    width: usize,
+    rows: usize,
+}
+
+impl HeadMemory {
+    /// Rows in all pieces.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes held by the rows.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.width * 4
+    }
+
+    /// These rows followed by `next`'s.
+    pub fn then(mut self, next: HeadMemory) -> HeadMemory {
+        self.rows += next.rows;
+        self.parts.extend(next.parts);
+        self
+    }
+
+    /// Row `r` (`r < rows`).
+    fn row(&self, mut r: usize) -> &[f32] {
+        for part in &self.parts {
+            let n = part.len() / self.width;
+            if r < n {
+                return &part[r * self.width..(r + 1) * self.width];
+            }
+            r -= n;
+        }
+        &[]
+    }
 }
 
 /// The memory rows laid out for the attention passes of one decision.
@@ -104,12 +139,13 @@ struct MemoryOperands {
 }
 
 impl MemoryOperands {
-    fn new(mem: &HeadMemory, width: usize) -> Self {
-        let m = &mem.memory[..mem.rows * width];
+    fn new(mem: &HeadMemory) -> Self {
+        let (rows, width) = (mem.rows, mem.width);
+        let row = |r| mem.row(r);
         // Each step is parallel inside; running them side by side was measured slower.
-        let keys = PackedWeight::from_f32_rows(m, mem.rows, width);
-        let values = PackedWeight::from_f32_cols(m, mem.rows, width);
-        let (mean, inv) = m.par_chunks(width).map(row_stats).unzip();
+        let keys = PackedWeight::from_f32_rows(row, rows, width);
+        let values = PackedWeight::from_f32_cols(row, rows, width);
+        let (mean, inv) = (0..rows).into_par_iter().map(|r| row_stats(row(r))).unzip();
         MemoryOperands {
             rows: mem.rows,
             keys,
@@ -253,11 +289,11 @@ impl JointHead {
 
     /// Memory rows of `rows` hidden rows (LayerNorm folded into the projection).
     pub fn memory(&self, hidden: &[f32], rows: usize) -> HeadMemory {
-        let h = self.config.hidden_size;
+        let (h, width) = (self.config.hidden_size, self.config.width);
         let fold = &self.memory_projection;
         let mut memory = matmul::linear(hidden, rows, &fold.scaled);
         memory
-            .par_chunks_mut(self.config.width)
+            .par_chunks_mut(width)
             .zip(hidden.par_chunks(h))
             .for_each(|(m, x)| {
                 let (mean, inv) = row_stats(x);
@@ -265,20 +301,27 @@ impl JointHead {
                     *v = *v * inv - mean * inv * gs + b;
                 }
             });
-        HeadMemory { memory, rows }
+        HeadMemory {
+            parts: vec![Arc::new(memory)],
+            width,
+            rows,
+        }
     }
 
-    /// The LayerNorm'd hidden row `t`.
-    fn normed_row(&self, hidden: &[f32], t: usize) -> Vec<f32> {
+    /// The LayerNorm'd hidden row `t` of rows starting at position `first`.
+    fn normed_row(&self, hidden: &[f32], first: usize, t: usize) -> Vec<f32> {
         let h = self.config.hidden_size;
-        self.hidden_norm.forward(&hidden[t * h..(t + 1) * h])
+        self.hidden_norm
+            .forward(&hidden[(t - first) * h..(t - first + 1) * h])
     }
 
-    /// Mean of the LayerNorm'd hidden rows `[s, e)`.
-    fn normed_span_mean(&self, hidden: &[f32], (s, e): (usize, usize)) -> Vec<f32> {
+    /// Mean of the LayerNorm'd hidden rows `[s, e)` of rows starting at position `first`.
+    fn normed_span_mean(&self, hidden: &[f32], first: usize, (s, e): (usize, usize)) -> Vec<f32> {
         let h = self.config.hidden_size;
         span_mean(
-            &self.hidden_norm.forward(&hidden[s * h..e * h]),
+            &self
+                .hidden_norm
+                .forward(&hidden[(s - first) * h..(e - first) * h]),
             h,
             0,
             e - s,
@@ -288,10 +331,13 @@ impl JointHead {
     /// Per-question option logits, in model option order.
     ///
     /// `lexical[o]` is the mean LM-head row over option o's span (flattened in question order).
-    /// `hidden` are the backbone's final rows `[T, H]` (only the spans and the last row are read).
+    /// `hidden` are the backbone's final rows from position `first` to the end (only the
+    /// spans and the last row are read, so rows before the first span may be left out; the
+    /// caller guarantees every span starts at or after `first`).
     pub fn logits(
         &self,
         hidden: &[f32],
+        first: usize,
         mem: &HeadMemory,
         questions: &[HeadQuestion],
         lexical: &[Vec<f32>],
@@ -299,11 +345,11 @@ impl JointHead {
         let c = &self.config;
         let (h, w) = (c.hidden_size, c.width);
         let t = mem.rows;
-        let g = &self.normed_row(hidden, t - 1);
+        let g = &self.normed_row(hidden, first, t - 1);
         let nq = questions.len();
         let u: Vec<f32> = questions
             .iter()
-            .flat_map(|q| self.normed_span_mean(hidden, q.span))
+            .flat_map(|q| self.normed_span_mean(hidden, first, q.span))
             .collect();
         let owner: Vec<usize> = questions
             .iter()
@@ -316,7 +362,7 @@ impl JointHead {
             .flat_map(|q| {
                 q.option_spans
                     .iter()
-                    .flat_map(|s| self.normed_span_mean(hidden, *s))
+                    .flat_map(|s| self.normed_span_mean(hidden, first, *s))
             })
             .collect();
         let lex: Vec<f32> = lexical.iter().flatten().copied().collect();
@@ -332,7 +378,7 @@ impl JointHead {
                 .for_each(|(a, b)| *a += b);
         }
         // Evidence routing.
-        let operands = MemoryOperands::new(mem, w);
+        let operands = MemoryOperands::new(mem);
         for layer in &self.evidence {
             let a = layer.query_norm.forward(&z);
             let att = self.cross_attention(

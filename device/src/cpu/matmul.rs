@@ -72,15 +72,16 @@ impl PackedWeight {
         PackedWeight { n, k, data }
     }
 
-    /// Pack f32 rows `[n, k]` (one row per output, as [`PackedWeight::pack`]) without an
-    /// intermediate weight: for operands built at run time, such as the head's memory rows.
-    pub fn from_f32_rows(src: &[f32], n: usize, k: usize) -> Self {
+    /// Pack f32 rows `[n, k]` (one row per output, as [`PackedWeight::pack`]) given by
+    /// `row(i)`, without an intermediate weight: for operands built at run time, such as the
+    /// head's memory rows (which may sit in several pieces).
+    pub fn from_f32_rows<'a>(row: impl Fn(usize) -> &'a [f32] + Sync, n: usize, k: usize) -> Self {
         let mut out = vec![0.0f32; n.div_ceil(PANEL) * k * PANEL];
         out.par_chunks_mut(k * PANEL)
-            .zip(src.par_chunks(k * PANEL))
-            .for_each(|(panel, rows)| {
-                for (j, row) in rows.chunks(k).enumerate() {
-                    for (kk, v) in row.iter().enumerate() {
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for j in 0..PANEL.min(n - p * PANEL) {
+                    for (kk, v) in row(p * PANEL + j)[..k].iter().enumerate() {
                         panel[kk * PANEL + j] = *v;
                     }
                 }
@@ -92,16 +93,17 @@ impl PackedWeight {
         }
     }
 
-    /// Pack f32 values laid out `[k, n]` (one row per input channel): the same panels as
-    /// [`PackedWeight::from_f32_rows`] of the transpose, built by contiguous copies.
-    pub fn from_f32_cols(src: &[f32], k: usize, n: usize) -> Self {
+    /// Pack f32 values laid out `[k, n]` (one row per input channel, given by `row(i)`): the
+    /// same panels as [`PackedWeight::from_f32_rows`] of the transpose, built by contiguous
+    /// copies.
+    pub fn from_f32_cols<'a>(row: impl Fn(usize) -> &'a [f32] + Sync, k: usize, n: usize) -> Self {
         let mut out = vec![0.0f32; n.div_ceil(PANEL) * k * PANEL];
         out.par_chunks_mut(k * PANEL)
             .enumerate()
             .for_each(|(p, panel)| {
                 let (c0, cols) = (p * PANEL, PANEL.min(n - p * PANEL));
                 for (kk, dst) in panel.chunks_mut(PANEL).enumerate() {
-                    dst[..cols].copy_from_slice(&src[kk * n + c0..kk * n + c0 + cols]);
+                    dst[..cols].copy_from_slice(&row(kk)[c0..c0 + cols]);
                 }
             });
         PackedWeight {
@@ -581,14 +583,20 @@ mod tests {
         let (n, k) = (70, 9);
         let w: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.5 - 3.0).collect();
         let want = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), WeightFormat::F32);
-        assert_eq!(PackedWeight::from_f32_rows(&w, n, k), want);
+        assert_eq!(
+            PackedWeight::from_f32_rows(|r| &w[r * k..(r + 1) * k], n, k),
+            want
+        );
         let mut transposed = vec![0.0f32; k * n];
         for j in 0..n {
             for kk in 0..k {
                 transposed[kk * n + j] = w[j * k + kk];
             }
         }
-        assert_eq!(PackedWeight::from_f32_cols(&transposed, k, n), want);
+        assert_eq!(
+            PackedWeight::from_f32_cols(|r| &transposed[r * n..(r + 1) * n], k, n),
+            want
+        );
     }
 
     #[test]
