@@ -49,6 +49,10 @@ enum Command {
         max_length: Option<usize>,
         #[command(flatten)]
         limits: LengthArgs,
+        /// Send the requests to a running server instead (e.g. http://127.0.0.1:8008), with
+        /// `CLEF_API_KEY` when set; the lines are the same as the local mode's.
+        #[arg(long, conflicts_with = "max_length")]
+        url: Option<String>,
         file: PathBuf,
     },
     /// Write a complete random-weight checkpoint for benchmarks.
@@ -192,6 +196,41 @@ enum BenchCommand {
         #[arg(long)]
         profile: bool,
     },
+    /// Latency (new / repeated state) and requests per second of a running server.
+    Http {
+        #[arg(long, default_value = "http://127.0.0.1:8008")]
+        url: String,
+        /// Measured requests per latency case (medians are reported).
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+        /// Unmeasured requests before each latency case.
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        /// State tokens of the long-state case.
+        #[arg(long, default_value_t = 2200)]
+        long_tokens: usize,
+        /// Samples of the case at the server's state limit (0 skips it; the package's protocol
+        /// is 3 after 1 warm-up).
+        #[arg(long, default_value_t = 0)]
+        limit_samples: usize,
+        #[arg(long, default_value_t = 1)]
+        limit_warmup: usize,
+        /// Concurrent clients of the throughput runs (empty skips them).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+        clients: Vec<usize>,
+        /// Requests per throughput pass (the package's protocol: 256).
+        #[arg(long, default_value_t = 64)]
+        requests: usize,
+        /// Distinct states the throughput requests cycle through (the package's: 64).
+        #[arg(long, default_value_t = 16)]
+        states: usize,
+        /// Stop taking new samples after this many seconds.
+        #[arg(long, default_value_t = 900.0)]
+        max_seconds: f64,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Joint head time at Clef-27B width (random weights), 6 questions of 2-5 options.
     Head {
         /// Memory rows (prompt tokens).
@@ -200,6 +239,14 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
     },
+}
+
+/// How long a client waits for one reply (a 16k-token miss on the CPU takes minutes).
+const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
+
+/// `CLEF_API_KEY`, for the HTTP client commands.
+fn api_key() -> Option<String> {
+    std::env::var("CLEF_API_KEY").ok().filter(|k| !k.is_empty())
 }
 
 /// `1`/`true`/`yes`/`on` (any case) or `0`/`false`/`no`/`off`/empty.
@@ -315,10 +362,18 @@ fn main() -> anyhow::Result<()> {
             model,
             max_length,
             limits,
+            url,
             file,
         } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
+            if let Some(url) = url {
+                let client = cli::http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+                let stdout = std::io::stdout();
+                let n = cli::decide::run_remote(&client, &text, &mut stdout.lock())?;
+                eprintln!("answered {n} requests");
+                return Ok(());
+            }
             let ckpt = open(model.model.clone(), model.revision.as_deref())?;
             let mesh: MeshShape = model.mesh.parse()?;
             let pipeline =
@@ -360,6 +415,38 @@ fn main() -> anyhow::Result<()> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat, profile)?;
                 print!("{}", cli::bench::table(&rows));
+            }
+            BenchCommand::Http {
+                url,
+                samples,
+                warmup,
+                long_tokens,
+                limit_samples,
+                limit_warmup,
+                clients,
+                requests,
+                states,
+                max_seconds,
+                json,
+            } => {
+                let client = cli::http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+                let options = cli::bench_http::HttpBenchOptions {
+                    samples,
+                    warmup,
+                    long_tokens,
+                    limit_samples,
+                    limit_warmup,
+                    clients,
+                    requests,
+                    states,
+                    max_seconds,
+                };
+                let report = cli::bench_http::run(&client, &url, &options)?;
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+                print!("{}", cli::bench_http::markdown(&report));
             }
             BenchCommand::Head { rows, repeat } => {
                 let rows = cli::bench::head(&rows, repeat)?;

@@ -118,18 +118,39 @@ fn make_random_writes_a_checkpoint_that_loads_and_runs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
+/// A server child process, stopped with SIGTERM when dropped (also when a test fails).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return; // already reaped: its pid may belong to someone else now
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+/// `clef-tt serve` on a free loopback port with `args`; returns the child, its base URL and
+/// a client once /health says ready.
+fn spawn_server(args: &[&str], env: &[(&str, &str)]) -> (Server, String, ureq::Agent) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut child = clef_tt()
-        .args(["serve", "--port", &port.to_string(), "--warmup", "0"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = clef_tt();
+    child
+        .args(["serve", "--port", &port.to_string()])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (k, v) in env {
+        child.env(k, v);
+    }
+    let child = Server(child.spawn().unwrap());
     let base = format!("http://127.0.0.1:{port}");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -149,6 +170,12 @@ fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(up, "the server did not come up");
+    (child, base, agent)
+}
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
+    let (mut child, base, agent) = spawn_server(&["--warmup", "0"], &[]);
     // A request of about 6,000 tokens, so it is still running when the signal arrives.
     let body = format!(
         r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
@@ -167,15 +194,108 @@ fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
     let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     let (status, text) = in_flight.join().unwrap();
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("\"usage\""), "{text}");
-    let exit = child.wait().unwrap();
+    let exit = child.0.wait().unwrap();
     assert!(exit.success(), "serve exited with {exit:?}");
     // Nothing listens any more.
     assert!(agent.get(&format!("{base}/health")).call().is_err());
+}
+
+#[test]
+fn decide_url_prints_what_the_local_mode_prints() {
+    let (server, base, _) = spawn_server(&[], &[("CLEF_API_KEY", "sesame")]);
+    let dir = std::env::temp_dir().join(format!("clef-tt-decide-url-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("requests.jsonl");
+    let requests =
+        std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens/requests.jsonl"))
+            .unwrap();
+    let mut lines: Vec<String> = requests
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["entry"] == "systemone")
+        .filter_map(|v| v["body"].as_str().map(str::to_string))
+        .take(6)
+        .collect();
+    lines.push("{not json".into());
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let remote = clef_tt()
+        .args(["decide", "--url", &base, file.to_str().unwrap()])
+        .env("CLEF_API_KEY", "sesame")
+        .output()
+        .unwrap();
+    assert_succeeded(&remote);
+    let local = clef_tt()
+        .args(["decide", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_succeeded(&local);
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&local.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&remote.stdout).lines().count(), 7);
+    // Without the key every line is the server's 401.
+    let refused = clef_tt()
+        .args(["decide", "--url", &base, file.to_str().unwrap()])
+        .env_remove("CLEF_API_KEY")
+        .output()
+        .unwrap();
+    assert_succeeded(&refused);
+    assert!(String::from_utf8_lossy(&refused.stdout)
+        .lines()
+        .all(|l| l.starts_with("{\"status\":401")));
+    // The HTTP bench runs its whole protocol at small counts against the same server.
+    let json = dir.join("bench.json");
+    let bench = clef_tt()
+        .args([
+            "bench",
+            "http",
+            "--url",
+            &base,
+            "--samples",
+            "2",
+            "--warmup",
+            "1",
+            "--long-tokens",
+            "300",
+            "--limit-samples",
+            "1",
+            "--limit-warmup",
+            "0",
+            "--clients",
+            "1,3",
+            "--requests",
+            "6",
+            "--states",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .env("CLEF_API_KEY", "sesame")
+        .output()
+        .unwrap();
+    assert_succeeded(&bench);
+    let table = String::from_utf8_lossy(&bench.stdout);
+    assert!(table.contains("| 300-token state | 5 |"), "{table}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let latency = report["latency"].as_array().unwrap();
+    assert_eq!(latency.len(), 3);
+    // New states miss, repeated ones hit (the short one is under one cache block).
+    assert_eq!(latency[1]["new_state"]["cache"]["miss"], 2);
+    assert_eq!(latency[1]["repeated_state"]["cache"]["hit"], 2);
+    assert_eq!(latency[2]["repeated_state"]["cache"]["hit"], 1);
+    assert_eq!(latency[0]["new_state"]["cache"]["uncacheable"], 2);
+    let throughput = report["throughput"].as_array().unwrap();
+    assert_eq!(throughput.len(), 2);
+    assert!(throughput.iter().all(|t| t["ok"] == 6));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,6 +2,8 @@
 //! request — `{"status": <http status>, "body": <response or error body>}` — the same bodies the
 //! server sends under the same limits. `--max-length N` applies the reference's single budget
 //! instead (the state silently cut to fit), which is how the goldens' truncation cases run.
+//! With `--url` the bodies go to a running server and its answers are printed the same way
+//! (without the server's `latency_ms`, so both modes print the same lines for one model).
 
 use clef_device::MeshOps;
 use clef_tt::api::HostLimits;
@@ -54,6 +56,30 @@ pub fn run<B: MeshOps>(
             out,
             "{}",
             result_line(pipeline, body, rule, limits.as_ref())
+        )?;
+    }
+    Ok(all.len())
+}
+
+/// Send every body of `text` to the server behind `client`, writing one line each to `out`.
+/// A server that cannot be reached is an error (nothing more is sent).
+pub fn run_remote(
+    client: &super::http_client::Client,
+    text: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<usize> {
+    let all = bodies(text);
+    for body in &all {
+        let reply = client.decide(body.as_bytes())?;
+        let mut value = serde_json::from_str::<serde_json::Value>(&reply.body)
+            .unwrap_or(serde_json::Value::String(reply.body));
+        if let Some(m) = value.as_object_mut() {
+            m.shift_remove("latency_ms");
+        }
+        writeln!(
+            out,
+            "{}",
+            dumps(&json!({"status": reply.status, "body": value}), false)
         )?;
     }
     Ok(all.len())

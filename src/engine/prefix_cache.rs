@@ -47,7 +47,7 @@ impl Default for PrefixCacheConfig {
 /// uncached prompt (`P/chunk + ⌈(T−P)/chunk⌉ = ⌈T/chunk⌉`); P never depends on the questions,
 /// so every question set on one state shares the slot. Shorter states fall back to the default.
 pub fn boundary(state_end: usize, chunk: usize, planner: bool) -> Option<usize> {
-    if planner && chunk % PREFIX_ALIGN == 0 && state_end >= chunk {
+    if planner && chunk.is_multiple_of(PREFIX_ALIGN) && state_end >= chunk {
         return Some(state_end / chunk * chunk);
     }
     let p = state_end / PREFIX_ALIGN * PREFIX_ALIGN;
@@ -245,7 +245,7 @@ mod tests {
         for end in [130, 1000, 1024, 5000, 16384] {
             for planner in [false, true] {
                 let p = boundary(end, 1024, planner).unwrap_or(0);
-                assert!(p <= end && p % PREFIX_ALIGN == 0);
+                assert!(p <= end && p.is_multiple_of(PREFIX_ALIGN));
             }
         }
     }

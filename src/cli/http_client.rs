@@ -1,0 +1,81 @@
+//! A blocking HTTP client of a running clef-tt server, for `decide --url` and `bench http`:
+//! posts bodies to `/v1/systemone` with the API key (`CLEF_API_KEY`) when one is set.
+
+use anyhow::Context;
+use std::time::{Duration, Instant};
+
+/// One answered request.
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    /// `x-clef-prefix-cache` of the reply, if any.
+    pub cache: Option<String>,
+    /// Client wall clock from send to the last byte, in milliseconds.
+    pub wall_ms: f64,
+}
+
+pub struct Client {
+    agent: ureq::Agent,
+    base: String,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// A client of the server at `base` (e.g. `http://127.0.0.1:8008`).
+    pub fn new(base: &str, api_key: Option<String>, timeout: Duration) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into();
+        Client {
+            agent,
+            base: base.trim_end_matches('/').to_string(),
+            api_key: api_key.filter(|k| !k.is_empty()),
+        }
+    }
+
+    /// POST `body` to `/v1/systemone`.
+    pub fn decide(&self, body: &[u8]) -> anyhow::Result<Reply> {
+        let url = format!("{}/v1/systemone", self.base);
+        let mut req = self
+            .agent
+            .post(&url)
+            .header("content-type", "application/json");
+        if let Some(key) = &self.api_key {
+            req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        let t0 = Instant::now();
+        let mut resp = req.send(body).with_context(|| format!("POST {url}"))?;
+        let status = resp.status().as_u16();
+        let cache = resp
+            .headers()
+            .get("x-clef-prefix-cache")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .with_context(|| format!("reading the reply of {url}"))?;
+        Ok(Reply {
+            status,
+            body,
+            cache,
+            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// GET `path` as text.
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.get(&url);
+        if let Some(key) = &self.api_key {
+            req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        let mut resp = req.call().with_context(|| format!("GET {url}"))?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.body_mut().read_to_string()?))
+    }
+}
