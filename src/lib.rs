@@ -4,7 +4,8 @@
 //! `api` parses and validates bodies, `encode` renders them into token ids and spans,
 //! `engine` runs a request through the `backbone` (the Qwen3.5 prefill over a `clef-device`
 //! mesh, following a tensor-parallel plan) and the `head` (the joint schema head and answer
-//! shaping). `checkpoint` reads a Hugging Face snapshot; `random` writes benchmark checkpoints.
+//! shaping). `checkpoint` reads a Hugging Face snapshot; `precision` resolves the weight formats
+//! and device numerics of a profile; `random` writes benchmark checkpoints.
 
 pub mod api;
 pub mod backbone;
@@ -12,4 +13,5 @@ pub mod checkpoint;
 pub mod encode;
 pub mod engine;
 pub mod head;
+pub mod precision;
 pub mod random;

@@ -10,6 +10,7 @@ use clef_device::{MeshShape, WeightFormat};
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
+use clef_tt::precision::Precision;
 use clef_tt::random::{make_random, Shape};
 use std::path::PathBuf;
 
@@ -55,6 +56,20 @@ enum Command {
         url: Option<String>,
         file: PathBuf,
     },
+    /// Score a precision profile against a goldens directory's f32 reference answers.
+    Eval {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// A goldens directory (requests.jsonl + expected_f32.jsonl), e.g.
+        /// tests/fixtures/tiny-clef/goldens.
+        #[arg(long)]
+        goldens: PathBuf,
+        /// Precision profile (f32, bf16, selected, stage1, fast).
+        #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
+        profile: String,
+        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+        mesh: String,
+    },
     /// Write a complete random-weight checkpoint for benchmarks.
     MakeRandom {
         #[arg(long, value_enum, default_value = "0.8b")]
@@ -83,7 +98,8 @@ struct ModelArgs {
     /// Mesh shape of each worker's (CPU) device.
     #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
     mesh: String,
-    /// Weight format: f32 (the reference's f32 numbers) or bf16.
+    /// Precision profile (profiles/*.json): f32 (the reference's numbers), bf16, selected,
+    /// stage1 or fast; knobs can be overridden by environment variables (README).
     #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
     precision: String,
 }
@@ -259,11 +275,24 @@ fn parse_flag(s: &str) -> Result<bool, String> {
 }
 
 fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
-    match name {
-        "f32" => Ok(WeightFormat::F32),
-        "bf16" => Ok(WeightFormat::Bf16),
-        other => bail!("unknown weight format {other:?} (f32, bf16)"),
-    }
+    WeightFormat::parse(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown weight format {name:?} (f32, bf16, bfp8_b, bfp4_b)")
+    })
+}
+
+/// A pipeline on the CPU mesh `shape` under precision profile `profile`.
+fn cpu_pipeline(
+    ckpt: &Checkpoint,
+    shape: MeshShape,
+    profile: &Precision,
+) -> anyhow::Result<Pipeline<CpuMesh>> {
+    let mesh = CpuMesh::new(shape).with_numerics(profile.numerics());
+    Ok(Pipeline::load(
+        ckpt,
+        mesh,
+        &profile.weight_formats(),
+        profile.bf16_embeddings(),
+    )?)
 }
 
 /// `--model` / `CLEF_MODEL`, else `HF_MODEL` (what tt-model launchers set), else `None` for the
@@ -327,7 +356,7 @@ fn main() -> anyhow::Result<()> {
                 port: a.port,
                 workers: a.workers,
                 mesh: a.model.mesh.parse()?,
-                format: weight_format(&a.model.precision)?,
+                precision: Precision::from_env(&a.model.precision)?,
                 max_queue: a.max_queue,
                 rule: a.limits.rule(),
                 api_key: a.api_key,
@@ -376,8 +405,7 @@ fn main() -> anyhow::Result<()> {
             }
             let ckpt = open(model.model.clone(), model.revision.as_deref())?;
             let mesh: MeshShape = model.mesh.parse()?;
-            let pipeline =
-                Pipeline::new(&ckpt, CpuMesh::new(mesh), weight_format(&model.precision)?)?;
+            let pipeline = cpu_pipeline(&ckpt, mesh, &Precision::from_env(&model.precision)?)?;
             let rule = match max_length {
                 Some(max_length) => LengthRule::Reference { max_length },
                 None => limits.rule(),
@@ -385,6 +413,22 @@ fn main() -> anyhow::Result<()> {
             let stdout = std::io::stdout();
             let n = cli::decide::run(&pipeline, &text, rule, &mut stdout.lock())?;
             eprintln!("answered {n} requests");
+        }
+        Command::Eval {
+            model,
+            goldens,
+            profile,
+            mesh,
+        } => {
+            let ckpt = open(model, None)?;
+            let precision = Precision::from_env(&profile)?;
+            let pipeline = cpu_pipeline(&ckpt, mesh.parse()?, &precision)?;
+            let report = cli::eval::run(&pipeline, &goldens)?;
+            for (id, err) in &report.failures {
+                eprintln!("{id}: {err}");
+            }
+            eprintln!("{} records scored", report.records);
+            println!("{}", cli::eval::summary(&precision.name, &report));
         }
         Command::MakeRandom { shape, out, seed } => {
             make_random(shape, &out, seed, &default_model_dir())?;

@@ -299,3 +299,41 @@ fn decide_url_prints_what_the_local_mode_prints() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn eval_scores_profiles_against_the_f32_reference() {
+    let goldens = common::fixtures().join("tiny-clef/goldens");
+    let run = |profile: &str| {
+        let out = clef_tt()
+            .args([
+                "eval",
+                "--goldens",
+                goldens.to_str().unwrap(),
+                "--profile",
+                profile,
+            ])
+            .output()
+            .unwrap();
+        assert_succeeded(&out);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string()
+    };
+    let f32 = run("f32");
+    let rest = f32
+        .strip_prefix("profile f32: top-option agreement ")
+        .unwrap();
+    let (agree, rest) = rest.split_once(", max |dp| ").unwrap();
+    let (a, n) = agree.split_once('/').unwrap();
+    assert_eq!(a, n, "{f32}");
+    assert!(n.parse::<usize>().unwrap() > 50);
+    let max_dp: f64 = rest.split_once(',').unwrap().0.parse().unwrap();
+    assert!(max_dp <= 1e-3, "{f32}");
+    let selected = run("selected");
+    assert!(
+        selected.starts_with("profile selected: top-option agreement "),
+        "{selected}"
+    );
+}

@@ -30,6 +30,10 @@ impl HostTensor {
 pub enum WeightFormat {
     F32,
     Bf16,
+    /// ttnn's bfp8_b: blocks of 16 values with a shared exponent and 7-bit magnitudes.
+    Bfp8,
+    /// ttnn's bfp4_b: the same blocks with 3-bit magnitudes.
+    Bfp4,
 }
 
 impl WeightFormat {
@@ -37,6 +41,19 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => "f32",
             WeightFormat::Bf16 => "bf16",
+            WeightFormat::Bfp8 => "bfp8_b",
+            WeightFormat::Bfp4 => "bfp4_b",
+        }
+    }
+
+    /// By name: `f32`, `bf16`, `bfp8` / `bfp8_b`, `bfp4` / `bfp4_b`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Some(WeightFormat::F32),
+            "bf16" | "bfloat16" => Some(WeightFormat::Bf16),
+            "bfp8" | "bfp8_b" => Some(WeightFormat::Bfp8),
+            "bfp4" | "bfp4_b" => Some(WeightFormat::Bfp4),
+            _ => None,
         }
     }
 }

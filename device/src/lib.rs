@@ -9,6 +9,7 @@
 
 pub mod cpu;
 mod error;
+pub mod formats;
 mod host;
 mod mesh;
 mod ops;

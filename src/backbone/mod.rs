@@ -14,10 +14,12 @@ pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, LoadError};
 
 use crate::checkpoint::{Checkpoint, LayerKind, RowTable, TextConfig};
+use clef_device::formats::bf16;
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
+pub use weights::WeightFormats;
 use weights::{LayerWeights, MixerWeights};
 
 /// Errors of a prefill.
@@ -73,14 +75,27 @@ pub struct Backbone<B: MeshOps> {
     layers: Vec<LayerWeights<B::Weight>>,
     final_norm: B::Weight,
     embeddings: RowTable,
+    /// Round embedding rows to bf16 (the device's embedding table).
+    bf16_embeddings: bool,
 }
 
 impl<B: MeshOps> Backbone<B> {
     /// Place the checkpoint's text weights on `mesh` with matrices held in `format`.
     pub fn load(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, LoadError> {
+        Self::load_with(ckpt, mesh, &WeightFormats::uniform(format), false)
+    }
+
+    /// Place the weights with each class of matrices in its own format; with
+    /// `bf16_embeddings`, embedding rows are rounded to bf16 as the device holds them.
+    pub fn load_with(
+        ckpt: &Checkpoint,
+        mesh: B,
+        formats: &WeightFormats,
+        bf16_embeddings: bool,
+    ) -> Result<Self, LoadError> {
         let config = ckpt.config.text.clone();
         let plan = TpPlan::new(&config, mesh.mesh().devices())?;
-        let (layers, final_norm) = weights::load_layers(&mesh, &ckpt.tensors, &plan, format)?;
+        let (layers, final_norm) = weights::load_layers(&mesh, &ckpt.tensors, &plan, formats)?;
         Ok(Backbone {
             mesh,
             config,
@@ -88,6 +103,7 @@ impl<B: MeshOps> Backbone<B> {
             layers,
             final_norm,
             embeddings: ckpt.embeddings()?,
+            bf16_embeddings,
         })
     }
 
@@ -183,7 +199,11 @@ impl<B: MeshOps> Backbone<B> {
                     at,
                     vocab: self.embeddings.rows(),
                 })?;
-            data.extend(row);
+            if self.bf16_embeddings {
+                data.extend(row.iter().map(|v| bf16::to_f32(bf16::from_f32(*v))));
+            } else {
+                data.extend(row);
+            }
         }
         Ok(HostTensor::new(ids.len(), h, data))
     }

@@ -169,14 +169,40 @@ fn place<B: MeshOps>(
 /// Every layer's weights and the final norm, on the mesh.
 pub type PlacedWeights<W> = (Vec<LayerWeights<W>>, W);
 
+/// The format of each class of matrices (vectors always stay f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightFormats {
+    /// Attention `[q|gate, k, v]` and `o_proj`.
+    pub attention: WeightFormat,
+    /// DeltaNet `in_proj` and `out_proj`.
+    pub deltanet: WeightFormat,
+    pub mlp_gate_up: WeightFormat,
+    pub mlp_down: WeightFormat,
+}
+
+impl WeightFormats {
+    /// Every matrix in `format`.
+    pub fn uniform(format: WeightFormat) -> Self {
+        WeightFormats {
+            attention: format,
+            deltanet: format,
+            mlp_gate_up: format,
+            mlp_down: format,
+        }
+    }
+}
+
 /// Place every layer's weights and the final norm.
 pub fn load_layers<B: MeshOps>(
     mesh: &B,
     store: &TensorStore,
     plan: &TpPlan,
-    format: WeightFormat,
+    formats: &WeightFormats,
 ) -> Result<PlacedWeights<B::Weight>, LoadError> {
-    let p = |w: &WeightPlan| place(mesh, store, w, format);
+    let f = formats;
+    // Vectors ignore the format; f32 is passed for them.
+    let p = |w: &WeightPlan| place(mesh, store, w, WeightFormat::F32);
+    let m = |w: &WeightPlan, format: WeightFormat| place(mesh, store, w, format);
     let mut layers = Vec::with_capacity(plan.layers.len());
     for l in &plan.layers {
         let mixer = match &l.mixer {
@@ -186,10 +212,10 @@ pub fn load_layers<B: MeshOps>(
                 k_norm,
                 o_proj,
             } => MixerWeights::Attention {
-                qkv: p(qkv)?,
+                qkv: m(qkv, f.attention)?,
                 q_norm: p(q_norm)?,
                 k_norm: p(k_norm)?,
-                o_proj: p(o_proj)?,
+                o_proj: m(o_proj, f.attention)?,
             },
             MixerPlan::DeltaNet {
                 in_proj,
@@ -199,20 +225,20 @@ pub fn load_layers<B: MeshOps>(
                 norm,
                 out_proj,
             } => MixerWeights::DeltaNet {
-                in_proj: p(in_proj)?,
+                in_proj: m(in_proj, f.deltanet)?,
                 conv: p(conv)?,
                 a_log: p(a_log)?,
                 dt_bias: p(dt_bias)?,
                 norm: p(norm)?,
-                out_proj: p(out_proj)?,
+                out_proj: m(out_proj, f.deltanet)?,
             },
         };
         layers.push(LayerWeights {
             input_norm: p(&l.input_norm)?,
             mixer,
             post_norm: p(&l.post_norm)?,
-            gate_up: p(&l.gate_up)?,
-            down: p(&l.down)?,
+            gate_up: m(&l.gate_up, f.mlp_gate_up)?,
+            down: m(&l.down, f.mlp_down)?,
         });
     }
     Ok((layers, p(&plan.final_norm)?))

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod bench_http;
 pub mod decide;
+pub mod eval;
 pub mod http_client;
 pub mod inspect;
 pub mod serve;

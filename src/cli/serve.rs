@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clef_device::cpu::CpuMesh;
-use clef_device::{MeshShape, WeightFormat};
+use clef_device::MeshShape;
 use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::checkpoint::Checkpoint;
@@ -11,6 +11,7 @@ use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStats, PREFIX_ALIGN};
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
+use clef_tt::precision::Precision;
 use serde_json::json;
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ pub struct ServeOptions {
     pub port: u16,
     pub workers: usize,
     pub mesh: MeshShape,
-    pub format: WeightFormat,
+    pub precision: Precision,
     pub max_queue: usize,
     pub rule: LengthRule,
     pub api_key: Option<String>,
@@ -142,7 +143,7 @@ fn card(
         "mesh": o.mesh.to_string(),
         "plan": format!("tensor parallel over the {} mesh of each worker", o.mesh),
         "workers": o.workers,
-        "precision": o.format.name(),
+        "precision": o.precision.card(),
         "backbone": {"hidden_size": t.hidden_size, "layers": t.layers.len(), "vocab_size": t.vocab_size},
         "limits": {
             "max_state_tokens": max_state, "max_tail_tokens": max_tail,
@@ -174,8 +175,14 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
     let cache_stats = Arc::new(PrefixCacheStats::default());
     let mut cache_plan = None;
     for i in 0..o.workers.max(1) {
-        tracing::info!(worker = i, mesh = %o.mesh, precision = o.format.name(), "loading weights");
-        let pipeline = Pipeline::new(&ckpt, CpuMesh::new(o.mesh), o.format)?;
+        tracing::info!(worker = i, mesh = %o.mesh, precision = %o.precision.name, "loading weights");
+        let mesh = CpuMesh::new(o.mesh).with_numerics(o.precision.numerics());
+        let pipeline = Pipeline::load(
+            &ckpt,
+            mesh,
+            &o.precision.weight_formats(),
+            o.precision.bf16_embeddings(),
+        )?;
         let plan = cache_plan
             .get_or_insert_with(|| plan_prefix_cache(&o, |p| pipeline.prefix_slot_bytes(p)));
         pipelines.push(pipeline.with_prefix_cache(plan.config, cache_stats.clone()));

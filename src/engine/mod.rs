@@ -7,7 +7,7 @@ pub mod prefix_cache;
 pub mod worker;
 
 use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
-use crate::backbone::{Backbone, LoadError, PrefillState};
+use crate::backbone::{Backbone, LoadError, PrefillState, WeightFormats};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
@@ -70,6 +70,17 @@ pub struct Pipeline<B: MeshOps> {
 
 impl<B: MeshOps> Pipeline<B> {
     pub fn new(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, PipelineError> {
+        Self::load(ckpt, mesh, &WeightFormats::uniform(format), false)
+    }
+
+    /// A pipeline whose backbone holds each class of matrices in its own format (a precision
+    /// profile's; its numerics are the mesh's business).
+    pub fn load(
+        ckpt: &Checkpoint,
+        mesh: B,
+        formats: &WeightFormats,
+        bf16_embeddings: bool,
+    ) -> Result<Self, PipelineError> {
         let head_files = ckpt.head.as_ref().ok_or_else(|| CheckpointError::Config {
             file: ckpt
                 .dir
@@ -80,7 +91,7 @@ impl<B: MeshOps> Pipeline<B> {
         })?;
         let head = JointHead::load(head_files)?;
         Ok(Pipeline {
-            backbone: Backbone::load(ckpt, mesh, format)?,
+            backbone: Backbone::load_with(ckpt, mesh, formats, bf16_embeddings)?,
             head,
             tokenizer: ckpt.tokenizer()?,
             lm_head: ckpt.lm_head()?,

@@ -7,6 +7,7 @@
 //! runs over blocks of [`KC`] input channels; elsewhere `gemm` multiplies panel by panel.
 //! Work is split over rayon tasks by groups of panels, so both cores share every projection.
 
+use crate::formats::{self, BlockFormat, TileFormat};
 use crate::{HostWeight, WeightData, WeightFormat};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
@@ -30,6 +31,14 @@ enum PanelData {
     F32(Vec<f32>),
     /// bf16 bit patterns.
     Bf16(Vec<u16>),
+    /// The weight as `[K = in, N = out]` in ttnn's bfp8_b / bfp4_b tiles (the device's bytes):
+    /// a panel is a tile column, each panel row two blocks of 16 outputs.
+    Blocks {
+        format: BlockFormat,
+        tiles: Vec<u8>,
+        /// Tiles per tile row (`ceil(n / 32)`).
+        tiles_per_row: usize,
+    },
 }
 
 /// `[n, k]` row-major values laid out as `ceil(n/PANEL)` panels of `[k, PANEL]`, zero-padded.
@@ -58,6 +67,25 @@ impl PackedWeight {
         let (n, k) = (w.rows, w.cols);
         let data = match format {
             WeightFormat::F32 => PanelData::F32(into_panels(&w.to_f32(), n, k)),
+            WeightFormat::Bfp8 | WeightFormat::Bfp4 => {
+                let (block, tile) = match format {
+                    WeightFormat::Bfp8 => (BlockFormat::Bfp8, TileFormat::Bfp8),
+                    _ => (BlockFormat::Bfp4, TileFormat::Bfp4),
+                };
+                // Quantised as the device holds it: [in, out], blocks along the outputs.
+                let values = w.to_f32();
+                let mut kn = vec![0.0f32; k * n];
+                for (j, row) in values.chunks(k).enumerate() {
+                    for (kk, v) in row.iter().enumerate() {
+                        kn[kk * n + j] = *v;
+                    }
+                }
+                PanelData::Blocks {
+                    format: block,
+                    tiles: formats::pack(&kn, k, n, tile),
+                    tiles_per_row: formats::tiles_for(n),
+                }
+            }
             WeightFormat::Bf16 => {
                 let bits: Vec<u16> = match &w.data {
                     WeightData::Bf16(v) => v.iter().map(|b| b.to_bits()).collect(),
@@ -113,11 +141,20 @@ impl PackedWeight {
         }
     }
 
+    /// The device tile bytes (`[in, out]`, ttnn's layout) of a bfp8_b / bfp4_b weight.
+    pub fn block_tiles(&self) -> Option<&[u8]> {
+        match &self.data {
+            PanelData::Blocks { tiles, .. } => Some(tiles),
+            _ => None,
+        }
+    }
+
     /// Bytes held (padding included).
     pub fn bytes(&self) -> usize {
         match &self.data {
             PanelData::F32(v) => v.len() * 4,
             PanelData::Bf16(v) => v.len() * 2,
+            PanelData::Blocks { tiles, .. } => tiles.len(),
         }
     }
 
@@ -126,12 +163,109 @@ impl PackedWeight {
     }
 }
 
+/// Math fidelity of the Tenstorrent matrix engine: how many mantissa bits of the weights
+/// (srcA, 1 hidden + 4 per phase) and of the activations (srcB, 1 hidden + 6, then the rest)
+/// the multipliers use (spec/tenstorrent.md §3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Fidelity {
+    /// No truncation (the plain CPU product).
+    #[default]
+    Exact,
+    LoFi,
+    HiFi2,
+    HiFi3,
+    HiFi4,
+}
+
+impl Fidelity {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "exact" | "none" => Some(Fidelity::Exact),
+            "lofi" => Some(Fidelity::LoFi),
+            "hifi2" => Some(Fidelity::HiFi2),
+            "hifi3" => Some(Fidelity::HiFi3),
+            "hifi4" => Some(Fidelity::HiFi4),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fidelity::Exact => "exact",
+            Fidelity::LoFi => "LoFi",
+            Fidelity::HiFi2 => "HiFi2",
+            Fidelity::HiFi3 => "HiFi3",
+            Fidelity::HiFi4 => "HiFi4",
+        }
+    }
+
+    /// f32 bit masks keeping the weight and activation mantissa bits the multipliers see.
+    /// LoFi: 4 weight bits, 6 activation bits; HiFi2: all bf16 weight bits (8 ≥ 7), 6
+    /// activation bits; HiFi3 and HiFi4: all bits.
+    fn masks(self) -> (u32, u32) {
+        const ALL: u32 = u32::MAX;
+        const FOUR: u32 = 0xFFF8_0000;
+        const SIX: u32 = 0xFFFE_0000;
+        match self {
+            Fidelity::Exact | Fidelity::HiFi3 | Fidelity::HiFi4 => (ALL, ALL),
+            Fidelity::LoFi => (FOUR, SIX),
+            Fidelity::HiFi2 => (ALL, SIX),
+        }
+    }
+}
+
+/// How closely the CPU matmul imitates the device's matrix engine. The default is the plain
+/// f32 product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Numerics {
+    /// Activations are rounded to bf16 first (the device holds them in bf16 tiles).
+    pub bf16_activations: bool,
+    pub fidelity: Fidelity,
+    /// Accumulators are rounded to bf16 after every 32 input channels (a bf16 destination
+    /// register, `fp32_dest_acc_en = false`); otherwise they stay f32.
+    pub bf16_accumulation: bool,
+}
+
+impl Numerics {
+    fn is_exact(&self) -> bool {
+        *self == Numerics::default()
+    }
+}
+
 /// `y[rows, w.n] = x[rows, w.k] · wᵀ`. The caller checks the shapes.
 pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
+    linear_with(x, rows, w, &Numerics::default())
+}
+
+/// [`linear`] with the device's numerics imitated as `numerics` says.
+pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics) -> Vec<f32> {
     let mut y = vec![0.0f32; rows * w.n];
     if rows == 0 || w.n == 0 {
         return y;
     }
+    let (weight_mask, activation_mask) = numerics.fidelity.masks();
+    let rounded;
+    let x = if numerics.is_exact() {
+        x
+    } else {
+        let bf16 = numerics.bf16_activations || numerics.fidelity != Fidelity::Exact;
+        rounded = x
+            .par_iter()
+            .map(|&v| {
+                let v = if bf16 {
+                    formats::bf16::to_f32(formats::bf16::from_f32(v))
+                } else {
+                    v
+                };
+                f32::from_bits(v.to_bits() & activation_mask)
+            })
+            .collect::<Vec<f32>>();
+        &rounded
+    };
+    let engine = Engine {
+        weight_mask,
+        round_accumulators: numerics.bf16_accumulation,
+    };
     let out = SendPtr(y.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
@@ -145,14 +279,14 @@ pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
             blocks.par_iter().for_each(|&r0| {
                 let r1 = (r0 + MC).min(rows);
                 // SAFETY: each task writes only rows [r0, r1) of `y`; shapes checked by the caller.
-                unsafe { avx512::panels(&packed_x, r0..r1, w, 0..w.panels(), out.ptr()) };
+                unsafe { avx512::panels(&packed_x, r0..r1, w, 0..w.panels(), out.ptr(), engine) };
             });
         } else {
             let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
             groups.par_iter().for_each(|&first| {
                 let last = (first + PANELS_PER_TASK).min(w.panels());
                 // SAFETY: each task writes only the columns of its own panels.
-                unsafe { avx512::panels(&packed_x, 0..rows, w, first..last, out.ptr()) };
+                unsafe { avx512::panels(&packed_x, 0..rows, w, first..last, out.ptr(), engine) };
             });
         }
         return y;
@@ -162,9 +296,24 @@ pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
         let last = (first + PANELS_PER_TASK).min(w.panels());
         // SAFETY: each task writes only the columns of its own panels; `x` is `[rows, k]` and
         // `y` is `[rows, n]` (checked by the caller).
-        unsafe { portable_panels(x, rows, w, first, last, out.ptr()) };
+        unsafe { portable_panels(x, rows, w, first, last, out.ptr(), engine) };
     });
     y
+}
+
+/// The per-product part of [`Numerics`] the kernels apply.
+#[derive(Clone, Copy, Debug)]
+struct Engine {
+    /// Applied to every weight (math fidelity).
+    weight_mask: u32,
+    round_accumulators: bool,
+}
+
+impl Engine {
+    const EXACT: Engine = Engine {
+        weight_mask: u32::MAX,
+        round_accumulators: false,
+    };
 }
 
 /// `x[rows, k]` as `[ceil(rows/MR)][k][MR]`, zero-padded.
@@ -192,12 +341,13 @@ unsafe fn portable_panels(
     first: usize,
     last: usize,
     y: *mut f32,
+    engine: Engine,
 ) {
     let (n, k) = (w.n, w.k);
     let mut scratch = vec![0.0f32; k * PANEL];
     for p in first..last {
-        let panel: &[f32] = match &w.data {
-            PanelData::F32(d) => &d[p * k * PANEL..(p + 1) * k * PANEL],
+        match &w.data {
+            PanelData::F32(d) => scratch.copy_from_slice(&d[p * k * PANEL..(p + 1) * k * PANEL]),
             PanelData::Bf16(d) => {
                 for (s, b) in scratch
                     .iter_mut()
@@ -205,37 +355,82 @@ unsafe fn portable_panels(
                 {
                     *s = f32::from_bits((*b as u32) << 16);
                 }
-                &scratch
             }
-        };
+            PanelData::Blocks {
+                format,
+                tiles,
+                tiles_per_row,
+            } => decode_block_panel(*format, tiles, *tiles_per_row, p, k, &mut scratch),
+        }
+        if engine.weight_mask != u32::MAX {
+            for v in scratch.iter_mut() {
+                *v = f32::from_bits(v.to_bits() & engine.weight_mask);
+            }
+        }
         let cols = PANEL.min(n - p * PANEL);
-        gemm(
-            rows,
-            cols,
-            k,
-            y.add(p * PANEL),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            panel.as_ptr(),
-            1,
-            PANEL as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
+        // With a bf16 destination the sum is rounded after every 32 input channels.
+        let step = if engine.round_accumulators { 32 } else { k };
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = step.min(k - k0);
+            gemm(
+                rows,
+                cols,
+                kc,
+                y.add(p * PANEL),
+                1,
+                n as isize,
+                k0 > 0,
+                x.as_ptr().add(k0),
+                1,
+                k as isize,
+                scratch.as_ptr().add(k0 * PANEL),
+                1,
+                PANEL as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+            if engine.round_accumulators {
+                for r in 0..rows {
+                    for j in 0..cols {
+                        let v = y.add(r * n + p * PANEL + j);
+                        *v = formats::bf16::to_f32(formats::bf16::from_f32(*v));
+                    }
+                }
+            }
+            k0 += kc;
+        }
+    }
+}
+
+/// Panel `p` (tile column `p`) of a block-format weight decoded to `[k, PANEL]` f32.
+fn decode_block_panel(
+    format: BlockFormat,
+    tiles: &[u8],
+    tiles_per_row: usize,
+    p: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    let tile_bytes = format.tile_bytes();
+    for kk in 0..k {
+        let tile = &tiles[((kk / 32) * tiles_per_row + p) * tile_bytes..][..tile_bytes];
+        let r = kk % 32;
+        let block = (r / 16) * 32 + r % 16;
+        for (half, b) in [block, block + 16].into_iter().enumerate() {
+            let values = format.decode(tile[b], &format.read_codes(tile, b));
+            out[kk * PANEL + half * 16..kk * PANEL + half * 16 + 16].copy_from_slice(&values);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{PackedWeight, PanelData, KC, MR, PANEL};
+    use super::{BlockFormat, Engine, PackedWeight, PanelData, KC, MR, PANEL};
     use std::arch::x86_64::*;
 
     /// Rows `rows` (starting on a token block) of panels `panels`: for each block of `KC`
@@ -247,6 +442,7 @@ mod avx512 {
         w: &PackedWeight,
         panels: std::ops::Range<usize>,
         y: *mut f32,
+        engine: Engine,
     ) {
         let (n, k) = (w.n, w.k);
         let mut k0 = 0;
@@ -262,6 +458,7 @@ mod avx512 {
                     let c = y.add(r0 * n + p * PANEL);
                     let acc = k0 > 0;
                     let t = Tile {
+                        engine,
                         a,
                         a_rs: 1,
                         a_cs: MR,
@@ -273,16 +470,34 @@ mod avx512 {
                         accumulate: acc,
                     };
                     match &w.data {
-                        PanelData::F32(d) => dispatch::<false, true>(
+                        PanelData::F32(d) => dispatch::<SRC_F32, true>(
                             m,
                             &t,
                             d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
                         ),
-                        PanelData::Bf16(d) => dispatch::<true, true>(
+                        PanelData::Bf16(d) => dispatch::<SRC_BF16, true>(
                             m,
                             &t,
                             d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
                         ),
+                        PanelData::Blocks {
+                            format,
+                            tiles,
+                            tiles_per_row,
+                        } => {
+                            // k0 is a multiple of KC, so of the tile height: start at the
+                            // tile of row k0 in column p; `ldb` is the bytes of a tile row.
+                            let tb = format.tile_bytes();
+                            let t = Tile {
+                                ldb: tiles_per_row * tb,
+                                ..t
+                            };
+                            let b = tiles.as_ptr().add(((k0 / 32) * tiles_per_row + p) * tb);
+                            match format {
+                                BlockFormat::Bfp8 => dispatch::<SRC_BFP8, true>(m, &t, b),
+                                BlockFormat::Bfp4 => dispatch::<SRC_BFP4, true>(m, &t, b),
+                            }
+                        }
                     }
                     r0 += m;
                 }
@@ -317,6 +532,7 @@ mod avx512 {
                 while r0 < m {
                     let rows = MR.min(m - r0);
                     let t = Tile {
+                        engine: Engine::EXACT,
                         a: a.add(r0 * a_rs + k0 * a_cs),
                         a_rs,
                         a_cs,
@@ -327,7 +543,7 @@ mod avx512 {
                         cols,
                         accumulate: accumulate || k0 > 0,
                     };
-                    dispatch::<false, false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
+                    dispatch::<SRC_F32, false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
                     r0 += rows;
                 }
                 k0 += kc;
@@ -338,6 +554,7 @@ mod avx512 {
 
     /// One register tile's operands.
     struct Tile {
+        engine: Engine,
         a: *const f32,
         a_rs: usize,
         a_cs: usize,
@@ -351,11 +568,11 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn dispatch<const BF16: bool, const PACKED_A: bool>(m: usize, t: &Tile, b: *const u8) {
+    unsafe fn dispatch<const SRC: u8, const PACKED_A: bool>(m: usize, t: &Tile, b: *const u8) {
         macro_rules! go {
             ($($m:literal)*) => {
                 match m {
-                    $($m => tile::<$m, BF16, PACKED_A>(t, b),)*
+                    $($m => tile::<$m, SRC, PACKED_A>(t, b),)*
                     _ => {}
                 }
             };
@@ -379,17 +596,75 @@ mod avx512 {
         (lo, hi)
     }
 
-    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`. With
-    /// `PACKED_A`, `a` is a token block `[kc][MR]` and its offsets are constants.
+    /// Each lane rounded to the nearest bf16 (ties to even), kept as f32.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn tile<const M: usize, const BF16: bool, const PACKED_A: bool>(t: &Tile, b: *const u8) {
-        let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (t.a_rs, t.a_cs) };
-        let mut lo = [_mm512_setzero_ps(); M];
-        let mut hi = [_mm512_setzero_ps(); M];
-        let (mask_lo, mask_hi) = masks(t.cols);
-        for kk in 0..t.kc {
-            let (b0, b1) = if BF16 {
+    unsafe fn round_bf16(v: __m512) -> __m512 {
+        let bits = _mm512_castps_si512(v);
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+        let up = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd);
+        _mm512_castsi512_ps(_mm512_and_si512(
+            up,
+            _mm512_set1_epi32(0xFFFF_0000u32 as i32),
+        ))
+    }
+
+    /// Where the 32 weights of one input channel come from.
+    const SRC_F32: u8 = 0;
+    /// bf16 panels, widened in registers.
+    const SRC_BF16: u8 = 1;
+    /// bfp8_b / bfp4_b tiles: two blocks decoded per input channel.
+    const SRC_BFP8: u8 = 2;
+    const SRC_BFP4: u8 = 3;
+
+    /// One block of 16 codes decoded to f32: `±m · scale`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn decode_block<const SRC: u8>(tile: *const u8, block: usize) -> __m512 {
+        let (format, sign_bit) = if SRC == SRC_BFP8 {
+            (BlockFormat::Bfp8, 7)
+        } else {
+            (BlockFormat::Bfp4, 3)
+        };
+        let scale = _mm512_set1_ps(format.scale(*tile.add(block)));
+        let codes = tile.add(super::formats::BLOCKS_PER_TILE + block * format.code_bytes());
+        let v = if SRC == SRC_BFP8 {
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(codes as *const __m128i))
+        } else {
+            // Element 2i in the low nibble of byte i.
+            let x = _mm_loadl_epi64(codes as *const __m128i);
+            let nibble = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(x, nibble);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(x), nibble);
+            _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))
+        };
+        let m = _mm512_and_si512(v, _mm512_set1_epi32((1 << sign_bit) - 1));
+        let sign = _mm512_sllv_epi32(
+            _mm512_and_si512(v, _mm512_set1_epi32(1 << sign_bit)),
+            _mm512_set1_epi32(31 - sign_bit),
+        );
+        let magnitude = _mm512_mul_ps(_mm512_cvtepi32_ps(m), scale);
+        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign))
+    }
+
+    /// The 32 weights of input channel `kk` of the block: two vectors of 16.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load_b<const SRC: u8>(
+        t: &Tile,
+        b: *const u8,
+        kk: usize,
+        (mask_lo, mask_hi): (__mmask16, __mmask16),
+    ) -> (__m512, __m512) {
+        match SRC {
+            SRC_F32 => {
+                let p = b.add(kk * t.ldb * 4) as *const f32;
+                (
+                    _mm512_maskz_loadu_ps(mask_lo, p),
+                    _mm512_maskz_loadu_ps(mask_hi, p.add(16)),
+                )
+            }
+            SRC_BF16 => {
                 // bf16 panels are padded to 32 columns: whole loads are in bounds.
                 let raw = _mm512_loadu_si512(b.add(kk * t.ldb * 2) as *const __m512i);
                 let l = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw));
@@ -398,26 +673,71 @@ mod avx512 {
                     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(l)),
                     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
                 )
-            } else {
-                let p = b.add(kk * t.ldb * 4) as *const f32;
+            }
+            _ => {
+                // Tiles are zero-padded: whole blocks are in bounds. Row r of a tile is face
+                // row r % 16 of faces 2(r/16) (outputs 0..16) and 2(r/16)+1 (outputs 16..32).
+                let tile = b.add((kk / 32) * t.ldb);
+                let r = kk % 32;
+                let block = (r / 16) * 32 + r % 16;
                 (
-                    _mm512_maskz_loadu_ps(mask_lo, p),
-                    _mm512_maskz_loadu_ps(mask_hi, p.add(16)),
+                    decode_block::<SRC>(tile, block),
+                    decode_block::<SRC>(tile, block + 16),
                 )
-            };
+            }
+        }
+    }
+
+    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`. With
+    /// `PACKED_A`, `a` is a token block `[kc][MR]` and its offsets are constants.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile<const M: usize, const SRC: u8, const PACKED_A: bool>(t: &Tile, b: *const u8) {
+        let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (t.a_rs, t.a_cs) };
+        let mut lo = [_mm512_setzero_ps(); M];
+        let mut hi = [_mm512_setzero_ps(); M];
+        let masks = masks(t.cols);
+        // A bf16 destination rounds the running sum, so it starts from the earlier blocks'.
+        let carry_in = t.accumulate && t.engine.round_accumulators;
+        if carry_in {
+            for r in 0..M {
+                let row = t.c.add(r * t.ldc);
+                lo[r] = _mm512_maskz_loadu_ps(masks.0, row);
+                hi[r] = _mm512_maskz_loadu_ps(masks.1, row.add(16));
+            }
+        }
+        let weight_mask = _mm512_set1_epi32(t.engine.weight_mask as i32);
+        let truncate = t.engine.weight_mask != u32::MAX;
+        for kk in 0..t.kc {
+            let (mut b0, mut b1) = load_b::<SRC>(t, b, kk, masks);
+            if truncate {
+                b0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b0), weight_mask));
+                b1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b1), weight_mask));
+            }
             let a = t.a.add(kk * a_cs);
             for r in 0..M {
                 let av = _mm512_set1_ps(*a.add(r * a_rs));
                 lo[r] = _mm512_fmadd_ps(av, b0, lo[r]);
                 hi[r] = _mm512_fmadd_ps(av, b1, hi[r]);
             }
+            if t.engine.round_accumulators && kk % 32 == 31 {
+                for r in 0..M {
+                    lo[r] = round_bf16(lo[r]);
+                    hi[r] = round_bf16(hi[r]);
+                }
+            }
         }
+        let (mask_lo, mask_hi) = masks;
         for r in 0..M {
             let row = t.c.add(r * t.ldc);
             let (mut vl, mut vh) = (lo[r], hi[r]);
-            if t.accumulate {
+            if t.accumulate && !carry_in {
                 vl = _mm512_add_ps(vl, _mm512_maskz_loadu_ps(mask_lo, row));
                 vh = _mm512_add_ps(vh, _mm512_maskz_loadu_ps(mask_hi, row.add(16)));
+            }
+            if t.engine.round_accumulators {
+                vl = round_bf16(vl);
+                vh = round_bf16(vh);
             }
             _mm512_mask_storeu_ps(row, mask_lo, vl);
             _mm512_mask_storeu_ps(row.add(16), mask_hi, vh);
@@ -578,6 +898,146 @@ mod tests {
         check(4100, 8, 4100); // x over 64 MiB: tasks split the tokens
     }
 
+    /// `w [n, k]` as the device holds it in `format`, read back as f32 `[n, k]`.
+    fn device_weight(w: &[f32], n: usize, k: usize, format: TileFormat) -> Vec<f32> {
+        let mut kn = vec![0.0f32; k * n];
+        for j in 0..n {
+            for kk in 0..k {
+                kn[kk * n + j] = w[j * k + kk];
+            }
+        }
+        let back = formats::unpack(&formats::pack(&kn, k, n, format), k, n, format).unwrap();
+        let mut nk = vec![0.0f32; n * k];
+        for j in 0..n {
+            for kk in 0..k {
+                nk[j * k + kk] = back[kk * n + j];
+            }
+        }
+        nk
+    }
+
+    fn ragged(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 25.0 * (1.0 + (i % 7) as f32))
+            .collect()
+    }
+
+    /// Both kernels (AVX-512 when present, and the portable one) against `want`.
+    fn both_kernels(
+        x: &[f32],
+        rows: usize,
+        w: &PackedWeight,
+        numerics: &Numerics,
+    ) -> [Vec<f32>; 2] {
+        let fast = linear_with(x, rows, w, numerics);
+        let mut portable = vec![0.0f32; rows * w.n];
+        let (weight_mask, activation_mask) = numerics.fidelity.masks();
+        let bf16 = numerics.bf16_activations || numerics.fidelity != Fidelity::Exact;
+        let xr: Vec<f32> = x
+            .iter()
+            .map(|&v| {
+                let v = if bf16 {
+                    formats::bf16::to_f32(formats::bf16::from_f32(v))
+                } else {
+                    v
+                };
+                f32::from_bits(v.to_bits() & activation_mask)
+            })
+            .collect();
+        let engine = Engine {
+            weight_mask,
+            round_accumulators: numerics.bf16_accumulation,
+        };
+        // SAFETY: `portable` is [rows, n] and `xr` [rows, k], as the kernel expects.
+        unsafe { portable_panels(&xr, rows, w, 0, w.panels(), portable.as_mut_ptr(), engine) };
+        [fast, portable]
+    }
+
+    #[test]
+    fn block_format_weights_multiply_as_their_decoded_values() {
+        for (rows, n, k) in [(7, 40, 70), (13, 64, 1100), (3, 32, 32)] {
+            let x = ragged(rows * k, 1);
+            let w = ragged(n * k, 2);
+            for (format, tile) in [
+                (WeightFormat::Bfp8, TileFormat::Bfp8),
+                (WeightFormat::Bfp4, TileFormat::Bfp4),
+            ] {
+                let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
+                assert_eq!(packed.bytes(), formats::packed_bytes(k, n, tile));
+                let want = naive(&x, rows, &device_weight(&w, n, k, tile), n, k);
+                for got in both_kernels(&x, rows, &packed, &Numerics::default()) {
+                    for (a, b) in got.iter().zip(&want) {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                            "{format:?} {rows}x{n}x{k}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fidelity_truncates_weights_and_activations() {
+        let (rows, n, k) = (5, 48, 96);
+        let x = ragged(rows * k, 3);
+        let w = ragged(n * k, 4);
+        let bf = |v: f32| formats::bf16::to_f32(formats::bf16::from_f32(v));
+        let keep = |v: f32, mask: u32| f32::from_bits(v.to_bits() & mask);
+        for (fidelity, wm, xm) in [
+            (Fidelity::LoFi, 0xFFF8_0000u32, 0xFFFE_0000u32),
+            (Fidelity::HiFi2, u32::MAX, 0xFFFE_0000),
+            (Fidelity::HiFi4, u32::MAX, u32::MAX),
+        ] {
+            let numerics = Numerics {
+                fidelity,
+                ..Default::default()
+            };
+            let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), WeightFormat::Bf16);
+            let xs: Vec<f32> = x.iter().map(|&v| keep(bf(v), xm)).collect();
+            let ws: Vec<f32> = w.iter().map(|&v| keep(bf(v), wm)).collect();
+            let want = naive(&xs, rows, &ws, n, k);
+            for got in both_kernels(&x, rows, &packed, &numerics) {
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{fidelity:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bf16_destination_rounds_the_running_sum_every_32_channels() {
+        let (rows, n, k) = (4, 32, 600);
+        let x = ragged(rows * k, 5);
+        let w = ragged(n * k, 6);
+        let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), WeightFormat::F32);
+        let numerics = Numerics {
+            bf16_accumulation: true,
+            ..Default::default()
+        };
+        let bf = |v: f32| formats::bf16::to_f32(formats::bf16::from_f32(v));
+        for got in both_kernels(&x, rows, &packed, &numerics) {
+            for r in 0..rows {
+                for j in 0..n {
+                    let mut acc = 0.0f32;
+                    for k0 in (0..k).step_by(32) {
+                        let part: f64 = (k0..(k0 + 32).min(k))
+                            .map(|kk| x[r * k + kk] as f64 * w[j * k + kk] as f64)
+                            .sum();
+                        acc = bf((acc as f64 + part) as f32);
+                    }
+                    let g = got[r * n + j];
+                    // Every value is a bf16 and within one bf16 step of the reference.
+                    assert_eq!(g, bf(g));
+                    assert!((g - acc).abs() <= acc.abs() / 32.0 + 1e-6, "{g} vs {acc}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn run_time_packers_equal_the_weight_packer() {
         let (n, k) = (70, 9);
@@ -630,7 +1090,17 @@ mod tests {
         let fast = linear(&x, rows, &packed);
         let mut slow = vec![0.0f32; rows * n];
         // SAFETY: shapes as `linear` would check them.
-        unsafe { portable_panels(&x, rows, &packed, 0, packed.panels(), slow.as_mut_ptr()) };
+        unsafe {
+            portable_panels(
+                &x,
+                rows,
+                &packed,
+                0,
+                packed.panels(),
+                slow.as_mut_ptr(),
+                Engine::EXACT,
+            )
+        };
         for (a, b) in fast.iter().zip(&slow) {
             assert!((a - b).abs() < 1e-3, "{a} vs {b}");
         }

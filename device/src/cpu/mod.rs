@@ -53,11 +53,22 @@ pub struct CpuWeight {
     parts: Vec<CpuWeightPart>,
 }
 
+impl CpuWeight {
+    /// Device `d`'s part of a matrix weight.
+    pub fn matrix(&self, d: usize) -> Option<&matmul::PackedWeight> {
+        match self.parts.get(d) {
+            Some(CpuWeightPart::Matrix(m)) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 /// A CPU mesh of `shape.devices()` simulated devices.
 #[derive(Clone, Debug)]
 pub struct CpuMesh {
     shape: MeshShape,
     profile: Option<std::sync::Arc<profile::OpProfile>>,
+    numerics: matmul::Numerics,
 }
 
 impl CpuMesh {
@@ -65,15 +76,25 @@ impl CpuMesh {
         CpuMesh {
             shape,
             profile: None,
+            numerics: matmul::Numerics::default(),
         }
     }
 
     /// A mesh that adds up the wall time of every op (`CpuMesh::profile_report` reads it).
     pub fn with_profile(shape: MeshShape) -> Self {
         CpuMesh {
-            shape,
             profile: Some(Default::default()),
+            ..CpuMesh::new(shape)
         }
+    }
+
+    /// Imitate the device's matrix engine in every `linear` (see [`matmul::Numerics`]).
+    pub fn with_numerics(self, numerics: matmul::Numerics) -> Self {
+        CpuMesh { numerics, ..self }
+    }
+
+    pub fn numerics(&self) -> matmul::Numerics {
+        self.numerics
     }
 
     /// Seconds per op since the mesh was made, largest first (empty without profiling).
@@ -319,7 +340,7 @@ impl MeshOps for CpuMesh {
             Ok(HostTensor::new(
                 xs.rows,
                 wp.n,
-                matmul::linear(&xs.data, xs.rows, wp),
+                matmul::linear_with(&xs.data, xs.rows, wp, &self.numerics),
             ))
         })?;
         Ok(CpuTensor { placement, shards })

@@ -1,0 +1,111 @@
+//! The tile packer against ttnn's own bytes (`tests/fixtures/bfp/`): for every matrix, bf16,
+//! bfp8_b and bfp4_b tiles must equal ttnn's bit for bit, and decoding them must give ttnn's
+//! decoded values (NaN where ttnn has NaN).
+
+mod common;
+
+use clef_device::cpu::CpuMesh;
+use clef_device::formats::{pack, unpack, TileFormat};
+use clef_device::{MeshOps, MeshShape, WeightFormat, WeightKind};
+use clef_tt::backbone::plan::MixerPlan;
+use clef_tt::backbone::{device_parts, TpPlan};
+use clef_tt::checkpoint::Checkpoint;
+use safetensors::SafeTensors;
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn packed_tiles_equal_ttnn_bytes_and_decode_to_ttnn_values() {
+    let dir = common::fixtures().join("bfp");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("bfp_fixtures.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let matrices = manifest["matrices"].as_object().unwrap();
+    assert_eq!(matrices.len(), 5);
+    let mut checked = 0;
+    for (name, m) in matrices {
+        let (rows, cols) = (
+            m["shape"][0].as_u64().unwrap() as usize,
+            m["shape"][1].as_u64().unwrap() as usize,
+        );
+        let input = f32s(st.tensor(&format!("{name}.input")).unwrap().data());
+        for (format, key) in [
+            (TileFormat::Bf16, "bf16"),
+            (TileFormat::Bfp8, "bfp8_b"),
+            (TileFormat::Bfp4, "bfp4_b"),
+        ] {
+            let want = st.tensor(&format!("{name}.{key}.tiles")).unwrap();
+            let got = pack(&input, rows, cols, format);
+            assert_eq!(got.len(), want.data().len(), "{name} {key}: size");
+            let tile = format.tile_bytes();
+            for (t, (g, w)) in got.chunks(tile).zip(want.data().chunks(tile)).enumerate() {
+                if let Some(i) = g.iter().zip(w).position(|(a, b)| a != b) {
+                    panic!("{name} {key}: tile {t} byte {i}: {} vs ttnn {}", g[i], w[i]);
+                }
+            }
+            let decoded = unpack(want.data(), rows, cols, format).unwrap();
+            let ttnn = f32s(st.tensor(&format!("{name}.{key}.decoded")).unwrap().data());
+            for (i, (a, b)) in decoded.iter().zip(&ttnn).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{name} {key}: element {i} decodes to {a}, ttnn {b}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 15);
+}
+
+#[test]
+fn a_wrong_byte_count_is_refused() {
+    let err = unpack(&[0u8; 100], 32, 32, TileFormat::Bfp8).unwrap_err();
+    assert!(err.to_string().contains("expected 1088"), "{err}");
+}
+
+#[test]
+fn fused_weights_are_split_per_device_then_quantised_as_in_out() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let plan = TpPlan::new(&ckpt.config.text, 2).unwrap();
+    let in_proj = plan
+        .layers
+        .iter()
+        .find_map(|l| match &l.mixer {
+            MixerPlan::DeltaNet { in_proj, .. } => Some(in_proj.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // Each device's fused [q, k, v, z, b, a] rows, assembled first.
+    let parts = device_parts(&ckpt.tensors, &in_proj, 2).unwrap();
+    let mesh = CpuMesh::new(MeshShape::PAIR);
+    for (format, tile) in [
+        (WeightFormat::Bfp8, TileFormat::Bfp8),
+        (WeightFormat::Bfp4, TileFormat::Bfp4),
+    ] {
+        let placed = mesh
+            .upload_weight(parts.clone(), format, WeightKind::Matrix)
+            .unwrap();
+        for (d, part) in parts.iter().enumerate() {
+            let (out, inp) = (part.rows, part.cols);
+            let values = part.to_f32();
+            let mut kn = vec![0.0f32; inp * out];
+            for o in 0..out {
+                for i in 0..inp {
+                    kn[i * out + o] = values[o * inp + i];
+                }
+            }
+            let held = placed.matrix(d).unwrap().block_tiles().unwrap();
+            assert_eq!(
+                held,
+                pack(&kn, inp, out, tile).as_slice(),
+                "device {d} {format:?}"
+            );
+        }
+    }
+}
