@@ -216,11 +216,12 @@ enum BenchCommand {
     Http {
         #[arg(long, default_value = "http://127.0.0.1:8008")]
         url: String,
-        /// Measured requests per latency case (medians are reported).
-        #[arg(long, default_value_t = 20)]
+        /// Measured requests per latency case (medians are reported; the package's protocol:
+        /// 20).
+        #[arg(long, default_value_t = 6)]
         samples: usize,
-        /// Unmeasured requests before each latency case.
-        #[arg(long, default_value_t = 2)]
+        /// Unmeasured requests before each latency case (the package's: 2).
+        #[arg(long, default_value_t = 1)]
         warmup: usize,
         /// State tokens of the long-state case.
         #[arg(long, default_value_t = 2200)]
@@ -235,10 +236,10 @@ enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
         clients: Vec<usize>,
         /// Requests per throughput pass (the package's protocol: 256).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 12)]
         requests: usize,
         /// Distinct states the throughput requests cycle through (the package's: 64).
-        #[arg(long, default_value_t = 16)]
+        #[arg(long, default_value_t = 6)]
         states: usize,
         /// Stop taking new samples after this many seconds.
         #[arg(long, default_value_t = 900.0)]
@@ -459,6 +460,9 @@ fn main() -> anyhow::Result<()> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let rows = cli::bench::prefill(&ckpt, &formats, &meshes, &tokens, repeat, profile)?;
                 print!("{}", cli::bench::table(&rows));
+                if let Some(mib) = cli::bench::peak_rss_mib() {
+                    println!("peak resident memory of the run: {mib:.0} MiB");
+                }
             }
             BenchCommand::Http {
                 url,
@@ -499,4 +503,19 @@ fn main() -> anyhow::Result<()> {
         },
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1k"), Ok(1024));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
+    }
 }

@@ -93,6 +93,14 @@ pub fn prefill(
     Ok(rows)
 }
 
+/// Peak resident memory of this process so far (`VmHWM`), in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 /// The rows as a markdown table.
 pub fn table(rows: &[PrefillRow]) -> String {
     let mut s =

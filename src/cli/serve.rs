@@ -258,3 +258,51 @@ async fn shutdown_signal() {
     }
     tracing::info!("shutting down: finishing requests in flight");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(slots: usize, max_bytes: Option<usize>, workers: usize) -> ServeOptions {
+        ServeOptions {
+            model_dir: "unused".into(),
+            is_default_model: true,
+            revision: None,
+            host: "127.0.0.1".into(),
+            port: 0,
+            workers,
+            mesh: MeshShape::ONE,
+            precision: Precision::resolve("f32", |_| None).unwrap(),
+            max_queue: 4,
+            rule: LengthRule::Server {
+                max_state: 16384,
+                max_tail: 4096,
+                truncate: false,
+            },
+            api_key: None,
+            model_names: vec![],
+            warmup: false,
+            strict: false,
+            max_body_bytes: 1 << 20,
+            prefix_cache: PrefixCacheOptions {
+                slots,
+                max_bytes,
+                planner: false,
+            },
+        }
+    }
+
+    #[test]
+    fn slots_shrink_to_fit_the_byte_cap_of_all_workers() {
+        // A slot at the longest state piece (16,384 tokens) holds 16,384 bytes here.
+        let per_token = |p: usize| p;
+        let plan = plan_prefix_cache(&options(4, Some(100_000), 2), per_token);
+        assert_eq!(plan.slot_bytes, 16384);
+        assert_eq!(plan.config.slots, 3); // 100,000 / 2 workers / 16,384
+        assert_eq!(plan.config.max_bytes, Some(50_000));
+        let roomy = plan_prefix_cache(&options(4, Some(1 << 30), 1), per_token);
+        assert_eq!(roomy.config.slots, 4);
+        let off = plan_prefix_cache(&options(0, Some(1 << 30), 1), per_token);
+        assert_eq!(off.config.slots, 0);
+    }
+}

@@ -445,59 +445,78 @@ mod avx512 {
         engine: Engine,
     ) {
         let (n, k) = (w.n, w.k);
+        // Block-format panels are decoded once per block of input channels into this buffer
+        // and then shared by every token tile, instead of being decoded per tile.
+        let mut decoded = match &w.data {
+            PanelData::Blocks { .. } => vec![0.0f32; KC * PANEL],
+            _ => Vec::new(),
+        };
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
             for p in panels.clone() {
                 let cols = PANEL.min(n - p * PANEL);
+                let (src, b): (u8, *const u8) = match &w.data {
+                    PanelData::F32(d) => {
+                        (SRC_F32, d.as_ptr().add((p * k + k0) * PANEL) as *const u8)
+                    }
+                    PanelData::Bf16(d) => {
+                        (SRC_BF16, d.as_ptr().add((p * k + k0) * PANEL) as *const u8)
+                    }
+                    PanelData::Blocks {
+                        format,
+                        tiles,
+                        tiles_per_row,
+                    } => {
+                        // k0 is a multiple of KC, so of the tile height: start at the tile of
+                        // row k0 in column p; `ldb` is the bytes of a tile row.
+                        let tb = format.tile_bytes();
+                        let tiles_at = Tile {
+                            engine,
+                            a: std::ptr::null(),
+                            a_rs: 0,
+                            a_cs: 0,
+                            ldb: tiles_per_row * tb,
+                            kc,
+                            c: std::ptr::null_mut(),
+                            ldc: 0,
+                            cols,
+                            accumulate: false,
+                        };
+                        let first = tiles.as_ptr().add(((k0 / 32) * tiles_per_row + p) * tb);
+                        let all = masks(PANEL);
+                        for kk in 0..kc {
+                            let (b0, b1) = match format {
+                                BlockFormat::Bfp8 => load_b::<SRC_BFP8>(&tiles_at, first, kk, all),
+                                BlockFormat::Bfp4 => load_b::<SRC_BFP4>(&tiles_at, first, kk, all),
+                            };
+                            let row = decoded.as_mut_ptr().add(kk * PANEL);
+                            _mm512_storeu_ps(row, b0);
+                            _mm512_storeu_ps(row.add(16), b1);
+                        }
+                        (SRC_F32, decoded.as_ptr() as *const u8)
+                    }
+                };
                 let mut r0 = rows.start;
                 while r0 < rows.end {
                     let m = MR.min(rows.end - r0);
                     // Token block r0/MR, input channel k0 of the packed x.
-                    let a = xp.as_ptr().add(r0 * k + k0 * MR);
-                    let c = y.add(r0 * n + p * PANEL);
-                    let acc = k0 > 0;
                     let t = Tile {
                         engine,
-                        a,
+                        a: xp.as_ptr().add(r0 * k + k0 * MR),
                         a_rs: 1,
                         a_cs: MR,
                         ldb: PANEL,
                         kc,
-                        c,
+                        c: y.add(r0 * n + p * PANEL),
                         ldc: n,
                         cols,
-                        accumulate: acc,
+                        accumulate: k0 > 0,
                     };
-                    match &w.data {
-                        PanelData::F32(d) => dispatch::<SRC_F32, true>(
-                            m,
-                            &t,
-                            d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
-                        ),
-                        PanelData::Bf16(d) => dispatch::<SRC_BF16, true>(
-                            m,
-                            &t,
-                            d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
-                        ),
-                        PanelData::Blocks {
-                            format,
-                            tiles,
-                            tiles_per_row,
-                        } => {
-                            // k0 is a multiple of KC, so of the tile height: start at the
-                            // tile of row k0 in column p; `ldb` is the bytes of a tile row.
-                            let tb = format.tile_bytes();
-                            let t = Tile {
-                                ldb: tiles_per_row * tb,
-                                ..t
-                            };
-                            let b = tiles.as_ptr().add(((k0 / 32) * tiles_per_row + p) * tb);
-                            match format {
-                                BlockFormat::Bfp8 => dispatch::<SRC_BFP8, true>(m, &t, b),
-                                BlockFormat::Bfp4 => dispatch::<SRC_BFP4, true>(m, &t, b),
-                            }
-                        }
+                    if src == SRC_BF16 {
+                        dispatch::<SRC_BF16, true>(m, &t, b);
+                    } else {
+                        dispatch::<SRC_F32, true>(m, &t, b);
                     }
                     r0 += m;
                 }
