@@ -5,7 +5,8 @@
 //! `engine` runs a request through the `backbone` (the Qwen3.5 prefill over a `clef-device`
 //! mesh, following a tensor-parallel plan) and the `head` (the joint schema head and answer
 //! shaping). `checkpoint` reads a Hugging Face snapshot; `precision` resolves the weight formats
-//! and device numerics of a profile; `random` writes benchmark checkpoints.
+//! and device numerics of a profile; `tensor_cache` stores weights already packed for a mesh;
+//! `random` writes benchmark checkpoints.
 
 pub mod api;
 pub mod backbone;
@@ -15,3 +16,4 @@ pub mod engine;
 pub mod head;
 pub mod precision;
 pub mod random;
+pub mod tensor_cache;

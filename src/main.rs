@@ -70,6 +70,18 @@ enum Command {
         #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
         mesh: String,
     },
+    /// Write a tensor cache: the text weights split per device and packed for a mesh and a
+    /// precision profile, for `serve --tensor-cache`.
+    Convert {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        #[arg(long, env = "CLEF_PRECISION", default_value = "f32")]
+        profile: String,
+        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+        mesh: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Write a complete random-weight checkpoint for benchmarks.
     MakeRandom {
         #[arg(long, value_enum, default_value = "0.8b")]
@@ -159,6 +171,10 @@ struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
     max_body_bytes: usize,
+    /// Load the weights from a tensor cache written by `clef-tt convert` for the same model,
+    /// mesh and profile (refused, with the command to rebuild it, when anything differs).
+    #[arg(long, env = "CLEF_TENSOR_CACHE")]
+    tensor_cache: Option<PathBuf>,
     /// State prefixes each worker keeps (0 disables the prefix cache).
     #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
     prefix_cache: usize,
@@ -369,6 +385,7 @@ fn main() -> anyhow::Result<()> {
                 warmup: a.warmup,
                 strict: a.strict,
                 max_body_bytes: a.max_body_bytes,
+                tensor_cache: a.tensor_cache,
                 prefix_cache: cli::serve::PrefixCacheOptions {
                     slots: a.prefix_cache,
                     max_bytes: a.prefix_cache_bytes,
@@ -430,6 +447,36 @@ fn main() -> anyhow::Result<()> {
             }
             eprintln!("{} records scored", report.records);
             println!("{}", cli::eval::summary(&precision.name, &report));
+        }
+        Command::Convert {
+            model,
+            profile,
+            mesh,
+            out,
+        } => {
+            let ckpt = open(model, None)?;
+            let precision = Precision::from_env(&profile)?;
+            let shape: MeshShape = mesh.parse()?;
+            let mesh = CpuMesh::new(shape);
+            let t0 = std::time::Instant::now();
+            let (pb, report) = cli::progress::bar("converting");
+            let manifest = clef_tt::tensor_cache::convert(
+                &ckpt,
+                &mesh,
+                &precision.name,
+                &precision.weight_formats(),
+                &out,
+                &report,
+            )?;
+            pb.finish_and_clear();
+            let bytes: u64 = manifest.entries.iter().map(|e| e.bytes).sum();
+            eprintln!(
+                "wrote {} ({} entries, {:.1} MiB) in {:.1} s",
+                out.display(),
+                manifest.entries.len(),
+                bytes as f64 / (1 << 20) as f64,
+                t0.elapsed().as_secs_f64()
+            );
         }
         Command::MakeRandom { shape, out, seed } => {
             make_random(shape, &out, seed, &default_model_dir())?;

@@ -337,3 +337,82 @@ fn eval_scores_profiles_against_the_f32_reference() {
         "{selected}"
     );
 }
+
+#[test]
+fn serve_maps_a_converted_tensor_cache_and_refuses_a_mismatched_one() {
+    let dir = std::env::temp_dir().join(format!("clef-tt-cli-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("cache");
+    let out = clef_tt()
+        .args([
+            "convert",
+            "--profile",
+            "selected",
+            "--mesh",
+            "1x2",
+            "--out",
+            cache.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_succeeded(&out);
+    assert!(cache.join("manifest.json").exists() && cache.join("weights.bin").exists());
+    // Served from the cache, the answers equal a local run with the same profile and mesh.
+    let file = dir.join("requests.jsonl");
+    let requests =
+        std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens/requests.jsonl"))
+            .unwrap();
+    let lines: Vec<String> = requests
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["entry"] == "systemone")
+        .filter_map(|v| v["body"].as_str().map(str::to_string))
+        .take(4)
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let args = ["--precision", "selected", "--mesh", "1x2"];
+    let (server, base, _) = spawn_server(
+        &[&args[..], &["--tensor-cache", cache.to_str().unwrap()]].concat(),
+        &[],
+    );
+    let remote = clef_tt()
+        .args(["decide", "--url", &base, file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_succeeded(&remote);
+    let local = clef_tt()
+        .args(["decide"])
+        .args(args)
+        .arg(file.to_str().unwrap())
+        .output()
+        .unwrap();
+    assert_succeeded(&local);
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&local.stdout)
+    );
+    drop(server);
+    // Another profile: refused at start, saying how to rebuild.
+    let refused = clef_tt()
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--precision",
+            "f32",
+            "--mesh",
+            "1x2",
+            "--tensor-cache",
+        ])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("clef-tt convert") && err.contains("profile selected"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

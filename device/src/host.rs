@@ -153,3 +153,65 @@ impl HostWeight {
         })
     }
 }
+
+/// One device's part of a placed weight as bytes, in the backend's own layout (what a tensor
+/// cache stores so a later start skips splitting, converting and packing).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightBytes {
+    pub kind: WeightKind,
+    pub format: WeightFormat,
+    /// Output channels (`[out, in]` rows) of a matrix; values of a vector.
+    pub rows: usize,
+    /// Input channels of a matrix; 1 for a vector.
+    pub cols: usize,
+    pub data: SharedBytes,
+}
+
+/// Bytes that may be a window of a larger owner (a memory-mapped tensor cache), shared
+/// without copying, or owned.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+    start: usize,
+    len: usize,
+}
+
+impl SharedBytes {
+    /// `owner[start..start + len]`, or `None` when that is out of bounds.
+    pub fn window(
+        owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+        start: usize,
+        len: usize,
+    ) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        ((*owner).as_ref().len() >= end).then_some(SharedBytes { owner, start, len })
+    }
+
+    pub fn owned(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        SharedBytes {
+            owner: std::sync::Arc::new(bytes),
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.len)
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}

@@ -15,7 +15,9 @@ mod mesh;
 mod ops;
 
 pub use error::DeviceError;
-pub use host::{HostTensor, HostWeight, WeightData, WeightFormat, WeightKind};
+pub use host::{
+    HostTensor, HostWeight, SharedBytes, WeightBytes, WeightData, WeightFormat, WeightKind,
+};
 pub use mesh::MeshShape;
 pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, MeshOps, RopeSpec};
 

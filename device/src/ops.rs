@@ -9,7 +9,7 @@
 //! Weights are uploaded already split per device ([`MeshOps::upload_weight`] takes one part per
 //! device); which split a weight gets is decided by the caller's tensor-parallel plan.
 
-use crate::{HostTensor, HostWeight, MeshShape, Result, WeightFormat, WeightKind};
+use crate::{HostTensor, HostWeight, MeshShape, Result, WeightBytes, WeightFormat, WeightKind};
 
 /// Which way per-device shards are joined when a sharded tensor is read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +77,13 @@ pub trait MeshOps: Sync {
     fn device_parts(&self, t: &Self::Tensor) -> Result<Vec<HostTensor>>;
     /// Bytes of device memory the tensor occupies on all devices together.
     fn tensor_bytes(&self, t: &Self::Tensor) -> usize;
+
+    /// The backend's name (`cpu`, `tt`), recorded by tensor caches.
+    fn backend_name(&self) -> &'static str;
+    /// A placed weight's parts as bytes in this backend's layout, for a tensor cache.
+    fn export_weight(&self, w: &Self::Weight) -> Result<Vec<WeightBytes>>;
+    /// A weight from parts [`MeshOps::export_weight`] wrote (checked against their shapes).
+    fn import_weight(&self, parts: Vec<WeightBytes>) -> Result<Self::Weight>;
 
     /// Upload a weight: one `[out, in]` part per device. A matrix is held in `format`; a
     /// vector in f32.

@@ -19,7 +19,7 @@ use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
-pub use weights::WeightFormats;
+pub use weights::{count_weights, visit_weights, PlacedWeights, WeightFormats};
 use weights::{LayerWeights, MixerWeights};
 
 /// Errors of a prefill.
@@ -85,6 +85,36 @@ impl<B: MeshOps> Backbone<B> {
         Self::load_with(ckpt, mesh, &WeightFormats::uniform(format), false)
     }
 
+    /// Place the weights from a tensor cache made for this mesh and these formats (see
+    /// [`crate::tensor_cache`]); `progress(done, total)` follows the entries.
+    pub fn load_cached(
+        ckpt: &Checkpoint,
+        mesh: B,
+        cache: &crate::tensor_cache::TensorCache,
+        formats: &WeightFormats,
+        bf16_embeddings: bool,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Self, crate::tensor_cache::CacheError> {
+        let config = ckpt.config.text.clone();
+        let plan = TpPlan::new(&config, mesh.mesh().devices()).map_err(LoadError::from)?;
+        let t0 = std::time::Instant::now();
+        let (layers, final_norm) = cache.place(&mesh, &plan, formats, progress)?;
+        tracing::info!(
+            ms = t0.elapsed().as_millis() as u64,
+            source = "tensor cache",
+            "weights placed on the mesh"
+        );
+        Ok(Backbone {
+            mesh,
+            config,
+            plan,
+            layers,
+            final_norm,
+            embeddings: ckpt.embeddings().map_err(LoadError::from)?,
+            bf16_embeddings,
+        })
+    }
+
     /// Place the weights with each class of matrices in its own format; with
     /// `bf16_embeddings`, embedding rows are rounded to bf16 as the device holds them.
     pub fn load_with(
@@ -93,9 +123,27 @@ impl<B: MeshOps> Backbone<B> {
         formats: &WeightFormats,
         bf16_embeddings: bool,
     ) -> Result<Self, LoadError> {
+        Self::load_reporting(ckpt, mesh, formats, bf16_embeddings, &|_, _| {})
+    }
+
+    /// [`Backbone::load_with`], calling `progress(done, total)` after every weight.
+    pub fn load_reporting(
+        ckpt: &Checkpoint,
+        mesh: B,
+        formats: &WeightFormats,
+        bf16_embeddings: bool,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Self, LoadError> {
         let config = ckpt.config.text.clone();
         let plan = TpPlan::new(&config, mesh.mesh().devices())?;
-        let (layers, final_norm) = weights::load_layers(&mesh, &ckpt.tensors, &plan, formats)?;
+        let t0 = std::time::Instant::now();
+        let (layers, final_norm) =
+            weights::load_layers(&mesh, &ckpt.tensors, &plan, formats, progress)?;
+        tracing::info!(
+            ms = t0.elapsed().as_millis() as u64,
+            source = "checkpoint",
+            "weights placed on the mesh"
+        );
         Ok(Backbone {
             mesh,
             config,

@@ -17,6 +17,9 @@ pub enum LoadError {
         tensor: String,
         source: clef_device::DeviceError,
     },
+    /// A walk over the weights stopped by its visitor (which keeps the reason).
+    #[error("stopped: {0}")]
+    Stopped(&'static str),
 }
 
 /// A layer's weights on the mesh.
@@ -192,17 +195,48 @@ impl WeightFormats {
     }
 }
 
-/// Place every layer's weights and the final norm.
+/// Place every layer's weights and the final norm from the checkpoint.
+/// `progress(done, total)` follows the weights.
 pub fn load_layers<B: MeshOps>(
     mesh: &B,
     store: &TensorStore,
     plan: &TpPlan,
     formats: &WeightFormats,
+    progress: &dyn Fn(usize, usize),
 ) -> Result<PlacedWeights<B::Weight>, LoadError> {
+    let total = count_weights(plan);
+    let mut done = 0;
+    visit_weights(plan, formats, |w, format| {
+        let placed = place(mesh, store, w, format)?;
+        done += 1;
+        progress(done, total);
+        Ok(placed)
+    })
+}
+
+/// Weights in the plan's walk.
+pub fn count_weights(plan: &TpPlan) -> usize {
+    let mut count = 0usize;
+    let _ = visit_weights(plan, &WeightFormats::uniform(WeightFormat::F32), |_, _| {
+        count += 1;
+        Ok(())
+    });
+    count
+}
+
+/// Every weight of the plan in a fixed order (per layer: input norm, mixer, post norm, MLP;
+/// then the final norm), each with the format it is held in (vectors: f32), through `place`.
+/// Loading, converting to a tensor cache and loading from one all walk the plan this way.
+pub fn visit_weights<W>(
+    plan: &TpPlan,
+    formats: &WeightFormats,
+    mut place: impl FnMut(&WeightPlan, WeightFormat) -> Result<W, LoadError>,
+) -> Result<PlacedWeights<W>, LoadError> {
     let f = formats;
+    let place = std::cell::RefCell::new(&mut place);
     // Vectors ignore the format; f32 is passed for them.
-    let p = |w: &WeightPlan| place(mesh, store, w, WeightFormat::F32);
-    let m = |w: &WeightPlan, format: WeightFormat| place(mesh, store, w, format);
+    let p = |w: &WeightPlan| (place.borrow_mut())(w, WeightFormat::F32);
+    let m = |w: &WeightPlan, format: WeightFormat| (place.borrow_mut())(w, format);
     let mut layers = Vec::with_capacity(plan.layers.len());
     for l in &plan.layers {
         let mixer = match &l.mixer {

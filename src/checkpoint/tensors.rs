@@ -124,6 +124,11 @@ impl TensorStore {
         }
     }
 
+    /// The mapped files: path and bytes.
+    pub fn file_data(&self) -> impl Iterator<Item = (&Path, &[u8])> {
+        self.files.iter().map(|(p, m)| (p.as_path(), &m[..]))
+    }
+
     /// Map and index the given files.
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
         let mut files = Vec::new();

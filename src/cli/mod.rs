@@ -5,4 +5,5 @@ pub mod decide;
 pub mod eval;
 pub mod http_client;
 pub mod inspect;
+pub mod progress;
 pub mod serve;

@@ -3,15 +3,17 @@
 
 use anyhow::Context;
 use clef_device::cpu::CpuMesh;
-use clef_device::MeshShape;
+use clef_device::{MeshOps, MeshShape};
 use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::api::{parse_body, validate, HostLimits};
+use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStats, PREFIX_ALIGN};
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
 use clef_tt::precision::Precision;
+use clef_tt::tensor_cache::TensorCache;
 use serde_json::json;
 use std::sync::Arc;
 
@@ -33,6 +35,7 @@ pub struct ServeOptions {
     pub strict: bool,
     pub max_body_bytes: usize,
     pub prefix_cache: PrefixCacheOptions,
+    pub tensor_cache: Option<std::path::PathBuf>,
 }
 
 /// The prefix cache as asked for (`CLEF_PREFIX_CACHE`, `CLEF_PREFIX_CACHE_BYTES`,
@@ -171,18 +174,58 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
     if o.is_default_model {
         tracing::warn!("serving the built-in DEMO model (tiny, random weights): its answers mean nothing; pass --model for a real checkpoint");
     }
+    let cache = match &o.tensor_cache {
+        Some(dir) => Some(TensorCache::open(
+            dir,
+            &ckpt,
+            CpuMesh::new(o.mesh).backend_name(),
+            &o.mesh.to_string(),
+            &o.precision.name,
+            &o.precision.weight_formats(),
+        )?),
+        None => None,
+    };
     let mut pipelines = Vec::new();
     let cache_stats = Arc::new(PrefixCacheStats::default());
     let mut cache_plan = None;
     for i in 0..o.workers.max(1) {
         tracing::info!(worker = i, mesh = %o.mesh, precision = %o.precision.name, "loading weights");
         let mesh = CpuMesh::new(o.mesh).with_numerics(o.precision.numerics());
-        let pipeline = Pipeline::load(
-            &ckpt,
-            mesh,
-            &o.precision.weight_formats(),
-            o.precision.bf16_embeddings(),
-        )?;
+        let formats = o.precision.weight_formats();
+        let t0 = std::time::Instant::now();
+        let pipeline = match &cache {
+            Some(cache) => {
+                let (pb, report) = super::progress::bar("loading the tensor cache");
+                let backbone = Backbone::load_cached(
+                    &ckpt,
+                    mesh,
+                    cache,
+                    &formats,
+                    o.precision.bf16_embeddings(),
+                    &report,
+                )?;
+                pb.finish_and_clear();
+                Pipeline::with_backbone(&ckpt, backbone)?
+            }
+            None => {
+                let (pb, report) = super::progress::bar("loading the checkpoint");
+                let backbone = Backbone::load_reporting(
+                    &ckpt,
+                    mesh,
+                    &formats,
+                    o.precision.bf16_embeddings(),
+                    &report,
+                )?;
+                pb.finish_and_clear();
+                Pipeline::with_backbone(&ckpt, backbone)?
+            }
+        };
+        tracing::info!(
+            worker = i,
+            ms = t0.elapsed().as_millis() as u64,
+            from_cache = cache.is_some(),
+            "weights placed"
+        );
         let plan = cache_plan
             .get_or_insert_with(|| plan_prefix_cache(&o, |p| pipeline.prefix_slot_bytes(p)));
         pipelines.push(pipeline.with_prefix_cache(plan.config, cache_stats.clone()));
@@ -289,6 +332,7 @@ mod tests {
                 max_bytes,
                 planner: false,
             },
+            tensor_cache: None,
         }
     }
 

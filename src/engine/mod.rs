@@ -81,6 +81,12 @@ impl<B: MeshOps> Pipeline<B> {
         formats: &WeightFormats,
         bf16_embeddings: bool,
     ) -> Result<Self, PipelineError> {
+        let backbone = Backbone::load_with(ckpt, mesh, formats, bf16_embeddings)?;
+        Self::with_backbone(ckpt, backbone)
+    }
+
+    /// A pipeline around a backbone already placed (e.g. from a tensor cache).
+    pub fn with_backbone(ckpt: &Checkpoint, backbone: Backbone<B>) -> Result<Self, PipelineError> {
         let head_files = ckpt.head.as_ref().ok_or_else(|| CheckpointError::Config {
             file: ckpt
                 .dir
@@ -91,7 +97,7 @@ impl<B: MeshOps> Pipeline<B> {
         })?;
         let head = JointHead::load(head_files)?;
         Ok(Pipeline {
-            backbone: Backbone::load_with(ckpt, mesh, formats, bf16_embeddings)?,
+            backbone,
             head,
             tokenizer: ckpt.tokenizer()?,
             lm_head: ckpt.lm_head()?,

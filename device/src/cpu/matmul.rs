@@ -8,7 +8,7 @@
 //! Work is split over rayon tasks by groups of panels, so both cores share every projection.
 
 use crate::formats::{self, BlockFormat, TileFormat};
-use crate::{HostWeight, WeightData, WeightFormat};
+use crate::{HostWeight, SharedBytes, WeightData, WeightFormat};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
@@ -25,17 +25,90 @@ const MC: usize = 8 * MR;
 /// Above this size of `x`, tasks split the tokens instead of the output columns.
 const ROW_SPLIT_BYTES: usize = 64 << 20;
 
+/// Plain little-endian values a panel can hold.
+trait Plain: Copy + PartialEq + std::fmt::Debug {
+    fn from_le(bytes: &[u8]) -> Self;
+}
+
+impl Plain for f32 {
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+impl Plain for u16 {
+    fn from_le(b: &[u8]) -> Self {
+        u16::from_le_bytes([b[0], b[1]])
+    }
+}
+
+impl Plain for u8 {
+    fn from_le(b: &[u8]) -> Self {
+        b[0]
+    }
+}
+
+/// Panel values: owned, or read in place from shared bytes (a mapped tensor cache) when they
+/// are aligned and the host is little-endian, so a cached weight is never copied.
+#[derive(Clone)]
+enum Held<T: Plain> {
+    Owned(Vec<T>),
+    Shared(SharedBytes),
+}
+
+impl<T: Plain> Held<T> {
+    fn from_bytes(bytes: SharedBytes) -> Self {
+        let size = std::mem::size_of::<T>();
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>());
+        if cfg!(target_endian = "little") && aligned && bytes.len().is_multiple_of(size) {
+            Held::Shared(bytes)
+        } else {
+            Held::Owned(bytes.chunks_exact(size).map(T::from_le).collect())
+        }
+    }
+}
+
+impl<T: Plain> std::ops::Deref for Held<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Held::Owned(v) => v,
+            // SAFETY: `from_bytes` keeps bytes only when they are aligned for T, a whole number
+            // of T, and little-endian like T's in-memory form; T is plain data (f32, u16, u8)
+            // for which every bit pattern is valid.
+            Held::Shared(b) => unsafe {
+                std::slice::from_raw_parts(
+                    b.as_ptr() as *const T,
+                    b.len() / std::mem::size_of::<T>(),
+                )
+            },
+        }
+    }
+}
+
+impl<T: Plain> std::fmt::Debug for Held<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held({} values)", self.len())
+    }
+}
+
+impl<T: Plain> PartialEq for Held<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
 /// Panel storage.
 #[derive(Clone, Debug, PartialEq)]
 enum PanelData {
-    F32(Vec<f32>),
+    F32(Held<f32>),
     /// bf16 bit patterns.
-    Bf16(Vec<u16>),
+    Bf16(Held<u16>),
     /// The weight as `[K = in, N = out]` in ttnn's bfp8_b / bfp4_b tiles (the device's bytes):
     /// a panel is a tile column, each panel row two blocks of 16 outputs.
     Blocks {
         format: BlockFormat,
-        tiles: Vec<u8>,
+        tiles: Held<u8>,
         /// Tiles per tile row (`ceil(n / 32)`).
         tiles_per_row: usize,
     },
@@ -66,7 +139,7 @@ impl PackedWeight {
     pub fn pack(w: &HostWeight, format: WeightFormat) -> Self {
         let (n, k) = (w.rows, w.cols);
         let data = match format {
-            WeightFormat::F32 => PanelData::F32(into_panels(&w.to_f32(), n, k)),
+            WeightFormat::F32 => PanelData::F32(Held::Owned(into_panels(&w.to_f32(), n, k))),
             WeightFormat::Bfp8 | WeightFormat::Bfp4 => {
                 let (block, tile) = match format {
                     WeightFormat::Bfp8 => (BlockFormat::Bfp8, TileFormat::Bfp8),
@@ -82,7 +155,7 @@ impl PackedWeight {
                 }
                 PanelData::Blocks {
                     format: block,
-                    tiles: formats::pack(&kn, k, n, tile),
+                    tiles: Held::Owned(formats::pack(&kn, k, n, tile)),
                     tiles_per_row: formats::tiles_for(n),
                 }
             }
@@ -94,7 +167,7 @@ impl PackedWeight {
                         .map(|&f| half::bf16::from_f32(f).to_bits())
                         .collect(),
                 };
-                PanelData::Bf16(into_panels(&bits, n, k))
+                PanelData::Bf16(Held::Owned(into_panels(&bits, n, k)))
             }
         };
         PackedWeight { n, k, data }
@@ -117,7 +190,7 @@ impl PackedWeight {
         PackedWeight {
             n,
             k,
-            data: PanelData::F32(out),
+            data: PanelData::F32(Held::Owned(out)),
         }
     }
 
@@ -137,14 +210,67 @@ impl PackedWeight {
         PackedWeight {
             n,
             k,
-            data: PanelData::F32(out),
+            data: PanelData::F32(Held::Owned(out)),
         }
+    }
+
+    /// The format the weight is held in.
+    pub fn format(&self) -> WeightFormat {
+        match &self.data {
+            PanelData::F32(_) => WeightFormat::F32,
+            PanelData::Bf16(_) => WeightFormat::Bf16,
+            PanelData::Blocks {
+                format: BlockFormat::Bfp8,
+                ..
+            } => WeightFormat::Bfp8,
+            PanelData::Blocks { .. } => WeightFormat::Bfp4,
+        }
+    }
+
+    /// The held values as little-endian bytes (panels, or device tiles), for a tensor cache.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            PanelData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            PanelData::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            PanelData::Blocks { tiles, .. } => tiles.to_vec(),
+        }
+    }
+
+    /// A weight `[n, k]` in `format` from [`PackedWeight::to_bytes`], read in place when it
+    /// can be; `None` when the byte count does not fit the shape.
+    pub fn from_bytes(
+        n: usize,
+        k: usize,
+        format: WeightFormat,
+        bytes: SharedBytes,
+    ) -> Option<Self> {
+        let panels = n.div_ceil(PANEL) * k * PANEL;
+        let data = match format {
+            WeightFormat::F32 => {
+                (bytes.len() == panels * 4).then(|| PanelData::F32(Held::from_bytes(bytes)))?
+            }
+            WeightFormat::Bf16 => {
+                (bytes.len() == panels * 2).then(|| PanelData::Bf16(Held::from_bytes(bytes)))?
+            }
+            WeightFormat::Bfp8 | WeightFormat::Bfp4 => {
+                let (block, tile) = match format {
+                    WeightFormat::Bfp8 => (BlockFormat::Bfp8, TileFormat::Bfp8),
+                    _ => (BlockFormat::Bfp4, TileFormat::Bfp4),
+                };
+                (bytes.len() == formats::packed_bytes(k, n, tile)).then(|| PanelData::Blocks {
+                    format: block,
+                    tiles: Held::from_bytes(bytes),
+                    tiles_per_row: formats::tiles_for(n),
+                })?
+            }
+        };
+        Some(PackedWeight { n, k, data })
     }
 
     /// The device tile bytes (`[in, out]`, ttnn's layout) of a bfp8_b / bfp4_b weight.
     pub fn block_tiles(&self) -> Option<&[u8]> {
         match &self.data {
-            PanelData::Blocks { tiles, .. } => Some(tiles),
+            PanelData::Blocks { tiles, .. } => Some(&tiles[..]),
             _ => None,
         }
     }
@@ -1054,6 +1180,38 @@ mod tests {
                     assert!((g - acc).abs() <= acc.abs() / 32.0 + 1e-6, "{g} vs {acc}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn packed_weights_round_trip_through_bytes() {
+        let (n, k) = (70, 45);
+        let w = ragged(n * k, 9);
+        for format in [
+            WeightFormat::F32,
+            WeightFormat::Bf16,
+            WeightFormat::Bfp8,
+            WeightFormat::Bfp4,
+        ] {
+            let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
+            let bytes = packed.to_bytes();
+            assert_eq!(bytes.len(), packed.bytes());
+            let shared = SharedBytes::owned(bytes.clone());
+            assert_eq!(
+                PackedWeight::from_bytes(n, k, format, shared),
+                Some(packed.clone())
+            );
+            // Read in place from a window of a larger owner (as from a mapped cache).
+            let mut padded = vec![0u8; 64];
+            padded.extend_from_slice(&bytes);
+            let window = SharedBytes::window(std::sync::Arc::new(padded), 64, bytes.len());
+            assert_eq!(
+                PackedWeight::from_bytes(n, k, format, window.unwrap()),
+                Some(packed.clone())
+            );
+            let short = SharedBytes::owned(bytes[1..].to_vec());
+            assert_eq!(PackedWeight::from_bytes(n, k, format, short), None);
+            assert_eq!(packed.format(), format);
         }
     }
 

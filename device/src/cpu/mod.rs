@@ -10,7 +10,7 @@ mod profile;
 
 use crate::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
-    MeshShape, Result, RopeSpec, WeightFormat, WeightKind,
+    MeshShape, Result, RopeSpec, SharedBytes, WeightBytes, WeightFormat, WeightKind,
 };
 use matmul::PackedWeight;
 use rayon::prelude::*;
@@ -300,6 +300,75 @@ impl MeshOps for CpuMesh {
                 WeightKind::Vector => CpuWeightPart::Vector(p.to_f32()),
             })
             .collect();
+        Ok(CpuWeight { parts })
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn export_weight(&self, w: &CpuWeight) -> Result<Vec<WeightBytes>> {
+        Ok(w.parts
+            .iter()
+            .map(|p| match p {
+                CpuWeightPart::Matrix(m) => WeightBytes {
+                    kind: WeightKind::Matrix,
+                    format: m.format(),
+                    rows: m.n,
+                    cols: m.k,
+                    data: SharedBytes::owned(m.to_bytes()),
+                },
+                CpuWeightPart::Vector(v) => WeightBytes {
+                    kind: WeightKind::Vector,
+                    format: WeightFormat::F32,
+                    rows: v.len(),
+                    cols: 1,
+                    data: SharedBytes::owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                },
+            })
+            .collect())
+    }
+
+    fn import_weight(&self, parts: Vec<WeightBytes>) -> Result<CpuWeight> {
+        if parts.len() != self.devices() {
+            return Err(DeviceError::Parts {
+                op: "import_weight",
+                got: parts.len(),
+                devices: self.devices(),
+            });
+        }
+        let parts = parts
+            .into_par_iter()
+            .map(|p| {
+                let bad = || {
+                    shape(
+                        "import_weight",
+                        format!(
+                            "{} bytes do not hold a {}x{} {} {:?}",
+                            p.data.len(),
+                            p.rows,
+                            p.cols,
+                            p.format.name(),
+                            p.kind
+                        ),
+                    )
+                };
+                match p.kind {
+                    WeightKind::Matrix => {
+                        PackedWeight::from_bytes(p.rows, p.cols, p.format, p.data.clone())
+                            .map(CpuWeightPart::Matrix)
+                            .ok_or_else(bad)
+                    }
+                    WeightKind::Vector if p.data.len() == p.rows * 4 => Ok(CpuWeightPart::Vector(
+                        p.data
+                            .chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                            .collect(),
+                    )),
+                    WeightKind::Vector => Err(bad()),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(CpuWeight { parts })
     }
 

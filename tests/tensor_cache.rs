@@ -1,0 +1,161 @@
+//! The tensor cache on the tiny fixture: a converted cache places the same weights (the prefill
+//! is bitwise equal to loading from safetensors), and a mismatched, stale, truncated or
+//! corrupted cache is refused with a message saying how to rebuild it.
+
+mod common;
+
+use clef_device::cpu::CpuMesh;
+use clef_device::MeshShape;
+use clef_tt::backbone::Backbone;
+use clef_tt::checkpoint::Checkpoint;
+use clef_tt::precision::Precision;
+use clef_tt::tensor_cache::{convert, CacheError, TensorCache};
+use std::path::PathBuf;
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("clef-tt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn open(
+    dir: &std::path::Path,
+    ckpt: &Checkpoint,
+    mesh: &str,
+    profile: &Precision,
+) -> Result<TensorCache, CacheError> {
+    TensorCache::open(
+        dir,
+        ckpt,
+        "cpu",
+        mesh,
+        &profile.name,
+        &profile.weight_formats(),
+    )
+}
+
+#[test]
+fn a_cache_places_the_same_weights_as_the_checkpoint() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let out = temp("tensor-cache");
+    for (profile, mesh) in [("selected", MeshShape::PAIR), ("f32", MeshShape::ONE)] {
+        let p = Precision::resolve(profile, |_| None).unwrap();
+        let formats = p.weight_formats();
+        let manifest = convert(
+            &ckpt,
+            &CpuMesh::new(mesh),
+            &p.name,
+            &formats,
+            &out,
+            &|_, _| {},
+        )
+        .unwrap();
+        assert!(manifest.entries.iter().all(|e| e.offset % 64 == 0));
+        let cache = open(&out, &ckpt, &mesh.to_string(), &p).unwrap();
+        let cached = Backbone::load_cached(
+            &ckpt,
+            CpuMesh::new(mesh),
+            &cache,
+            &formats,
+            true,
+            &|_, _| {},
+        )
+        .unwrap();
+        let direct = Backbone::load_with(&ckpt, CpuMesh::new(mesh), &formats, true).unwrap();
+        assert_eq!(cached.weight_bytes(), direct.weight_bytes());
+        let ids: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
+        let (a, _) = cached.prefill(&ids, None).unwrap();
+        let (b, _) = direct.prefill(&ids, None).unwrap();
+        assert_eq!(a, b, "{profile} on {mesh}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn mismatched_stale_truncated_and_corrupted_caches_are_refused() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let out = temp("tensor-cache-bad");
+    let selected = Precision::resolve("selected", |_| None).unwrap();
+    convert(
+        &ckpt,
+        &CpuMesh::new(MeshShape::PAIR),
+        "selected",
+        &selected.weight_formats(),
+        &out,
+        &|_, _| {},
+    )
+    .unwrap();
+    let refused = |r: Result<TensorCache, CacheError>| match r {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a bad cache was accepted"),
+    };
+    // Another mesh or profile.
+    let e = refused(open(&out, &ckpt, "1x1", &selected));
+    assert!(
+        e.contains("built for mesh 1x2, asked for 1x1") && e.contains("clef-tt convert"),
+        "{e}"
+    );
+    let f32 = Precision::resolve("f32", |_| None).unwrap();
+    let e = refused(open(&out, &ckpt, "1x2", &f32));
+    assert!(e.contains("profile selected"), "{e}");
+    // A knob overridden since.
+    let overridden = Precision::resolve("selected", |v| {
+        (v == "QWEN36_MLP_GATE_UP_DTYPE").then(|| "bfp4".into())
+    })
+    .unwrap();
+    let e = refused(open(&out, &ckpt, "1x2", &overridden));
+    assert!(e.contains("weight formats"), "{e}");
+    // The checkpoint changed since (its recorded fingerprint no longer matches).
+    let manifest_path = out.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest_path).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&original).unwrap();
+    m["source"][0]["fingerprint"] = "0".into();
+    std::fs::write(&manifest_path, m.to_string()).unwrap();
+    let e = refused(open(&out, &ckpt, "1x2", &selected));
+    assert!(e.contains("changed since it was built"), "{e}");
+    std::fs::write(&manifest_path, &original).unwrap();
+    // A flipped byte: caught by the entry's checksum while placing.
+    let bin = out.join("weights.bin");
+    let mut bytes = std::fs::read(&bin).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&bin, &bytes).unwrap();
+    let cache = open(&out, &ckpt, "1x2", &selected).unwrap();
+    let err = Backbone::load_cached(
+        &ckpt,
+        CpuMesh::new(MeshShape::PAIR),
+        &cache,
+        &selected.weight_formats(),
+        true,
+        &|_, _| {},
+    )
+    .err()
+    .expect("a corrupted cache was placed");
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+    // Truncated.
+    drop(cache);
+    std::fs::write(&bin, &bytes[..at]).unwrap();
+    let e = refused(open(&out, &ckpt, "1x2", &selected));
+    assert!(e.contains("truncated"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_failed_conversion_leaves_nothing() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let blocker = temp("tensor-cache-blocker");
+    std::fs::write(&blocker, b"a file where a directory should go").unwrap();
+    let out = blocker.join("cache");
+    let p = Precision::resolve("f32", |_| None).unwrap();
+    assert!(convert(
+        &ckpt,
+        &CpuMesh::new(MeshShape::ONE),
+        "f32",
+        &p.weight_formats(),
+        &out,
+        &|_, _| {}
+    )
+    .is_err());
+    assert!(!out.exists());
+    let _ = std::fs::remove_file(&blocker);
+}
