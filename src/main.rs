@@ -171,6 +171,10 @@ struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
     max_body_bytes: usize,
+    /// A serve profile (profiles/p150x2.toml, p150x4.toml): its `port` and `[env]` settings
+    /// apply where neither a flag nor the environment sets them.
+    #[arg(long)]
+    settings: Option<PathBuf>,
     /// Load the weights from a tensor cache written by `clef-tt convert` for the same model,
     /// mesh and profile (refused, with the command to rebuild it, when anything differs).
     #[arg(long, env = "CLEF_TENSOR_CACHE")]
@@ -297,6 +301,67 @@ fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
     })
 }
 
+/// A serve profile file (`serve --settings FILE`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettingsFile {
+    port: Option<u16>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+}
+
+/// The environment variables `serve` reads (from its flags' definitions).
+fn serve_env_names() -> Vec<String> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut names: Vec<String> = cmd
+        .find_subcommand("serve")
+        .map(|s| {
+            s.get_arguments()
+                .filter_map(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.push("HF_MODEL".into());
+    names
+}
+
+/// For `serve --settings FILE`: set the file's variables that the environment does not set
+/// yet, before the flags are parsed, so flags > environment > file > defaults.
+fn apply_settings_file() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) != Some("serve") {
+        return Ok(());
+    }
+    let path = args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--settings=")
+            .map(str::to_string)
+            .or_else(|| {
+                (a == "--settings")
+                    .then(|| args.get(i + 1).cloned())
+                    .flatten()
+            })
+    });
+    let Some(path) = path else { return Ok(()) };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let file: SettingsFile = toml::from_str(&text).with_context(|| format!("parsing {path}"))?;
+    let known = serve_env_names();
+    let mut env = file.env;
+    if let Some(port) = file.port {
+        env.entry("CLEF_PORT".into()).or_insert(port.to_string());
+    }
+    for (key, value) in env {
+        if !known.contains(&key) {
+            bail!("{path}: {key} is not a setting of clef-tt serve");
+        }
+        if std::env::var_os(&key).is_none() {
+            std::env::set_var(&key, value);
+        }
+    }
+    Ok(())
+}
+
 /// A pipeline on the CPU mesh `shape` under precision profile `profile`.
 fn cpu_pipeline(
     ckpt: &Checkpoint,
@@ -360,6 +425,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    apply_settings_file()?;
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => {
@@ -555,6 +621,21 @@ fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;
+
+    #[test]
+    fn the_serve_profiles_set_only_variables_serve_reads() {
+        let known = super::serve_env_names();
+        assert!(known.contains(&"CLEF_PREFIX_CACHE".to_string()));
+        for name in ["p150x2", "p150x4"] {
+            let path = format!("{}/profiles/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+            let file: super::SettingsFile =
+                toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            assert_eq!(file.port, Some(8008));
+            for key in file.env.keys() {
+                assert!(known.contains(key), "{name}: {key}");
+            }
+        }
+    }
 
     #[test]
     fn byte_counts_take_binary_suffixes() {

@@ -7,6 +7,7 @@ use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
+use std::path::Path;
 use std::process::Command;
 
 fn assert_succeeded(out: &std::process::Output) {
@@ -414,5 +415,36 @@ fn serve_maps_a_converted_tensor_cache_and_refuses_a_mismatched_one() {
         err.contains("clef-tt convert") && err.contains("profile selected"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_settings_file_fills_what_flags_and_environment_leave_unset() {
+    let settings = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/p150x4.toml");
+    // The profile says 2 workers of a 1x2 mesh with `selected`; the environment overrides the
+    // precision and the flag the port (spawn_server passes --port).
+    let (server, base, agent) = spawn_server(
+        &["--settings", settings.to_str().unwrap(), "--warmup", "0"],
+        &[("CLEF_PRECISION", "bf16")],
+    );
+    let mut r = agent.get(&format!("{base}/v1/models")).call().unwrap();
+    let card: serde_json::Value =
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let m = &card["models"][0];
+    assert_eq!(m["mesh"], "1x2");
+    assert_eq!(m["workers"], 2);
+    assert_eq!(m["precision"]["profile"], "bf16");
+    drop(server);
+    // A variable serve does not read is refused.
+    let dir = std::env::temp_dir().join(format!("clef-tt-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[env]\nCLEF_TURBO = \"1\"\n").unwrap();
+    let out = clef_tt()
+        .args(["serve", "--port", "0", "--settings", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CLEF_TURBO is not a setting"));
     let _ = std::fs::remove_dir_all(&dir);
 }
