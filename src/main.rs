@@ -10,7 +10,7 @@ use clef_device::{MeshShape, WeightFormat};
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
-use clef_tt::precision::Precision;
+use clef_tt::precision::{parse_flag, Precision};
 use clef_tt::random::{make_random, Shape};
 use std::path::PathBuf;
 
@@ -284,15 +284,6 @@ const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
 /// `CLEF_API_KEY`, for the HTTP client commands.
 fn api_key() -> Option<String> {
     std::env::var("CLEF_API_KEY").ok().filter(|k| !k.is_empty())
-}
-
-/// `1`/`true`/`yes`/`on` (any case) or `0`/`false`/`no`/`off`/empty.
-fn parse_flag(s: &str) -> Result<bool, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        other => Err(format!("{other:?} is not a boolean (1/0, true/false)")),
-    }
 }
 
 fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {

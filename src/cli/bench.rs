@@ -16,10 +16,14 @@ pub struct PrefillRow {
     pub seconds: f64,
 }
 
-/// The median of measurements (the upper one of an even count).
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of measurements (the mean of the middle two of an even count; NaN for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Deterministic token ids inside the base vocabulary (no special tokens).

@@ -10,6 +10,7 @@
 //! `--requests` requests cycling through `--states` distinct states, sent twice, the second
 //! pass timed. Everything is bounded by counts and by `--max-seconds`.
 
+use super::bench::median;
 use super::http_client::{Client, Reply};
 use anyhow::{bail, Context};
 use serde::Serialize;
@@ -181,15 +182,6 @@ fn send(client: &Client, body: &[u8]) -> anyhow::Result<(Reply, Value)> {
 
 fn input_tokens(v: &Value) -> u64 {
     v["usage"]["input_tokens"].as_u64().unwrap_or(0)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {

@@ -111,10 +111,11 @@ fn fidelity(s: &str) -> Result<Fidelity, String> {
         .ok_or_else(|| format!("{s:?} is not a fidelity (LoFi, HiFi2, HiFi3, HiFi4, exact)"))
 }
 
-fn flag(s: &str) -> Result<bool, String> {
+/// A boolean setting: `1`/`true`/`yes`/`on` (any case) or `0`/`false`/`no`/`off`/empty.
+pub fn parse_flag(s: &str) -> Result<bool, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
         other => Err(format!("{other:?} is not a boolean (1/0, true/false)")),
     }
 }
@@ -167,10 +168,10 @@ impl Precision {
                     "attention" => p.attention = weight_format(&value).map_err(bad)?,
                     "deltanet" => p.deltanet = weight_format(&value).map_err(bad)?,
                     "fidelity" => p.fidelity = fidelity(&value).map_err(bad)?,
-                    "gdn_gate_fp32" => p.gdn_gate_fp32 = flag(&value).map_err(bad)?,
-                    "gdn_state_fp32" => p.gdn_state_fp32 = flag(&value).map_err(bad)?,
-                    "fp32_dest_acc" => p.fp32_dest_acc = flag(&value).map_err(bad)?,
-                    "bf16_activations" => p.bf16_activations = flag(&value).map_err(bad)?,
+                    "gdn_gate_fp32" => p.gdn_gate_fp32 = parse_flag(&value).map_err(bad)?,
+                    "gdn_state_fp32" => p.gdn_state_fp32 = parse_flag(&value).map_err(bad)?,
+                    "fp32_dest_acc" => p.fp32_dest_acc = parse_flag(&value).map_err(bad)?,
+                    "bf16_activations" => p.bf16_activations = parse_flag(&value).map_err(bad)?,
                     "kv_cache" => p.kv_cache = plain_format(&value).map_err(bad)?,
                     "embeddings" => p.embeddings = plain_format(&value).map_err(bad)?,
                     other => return Err(bad(format!("no knob {other:?}"))),
