@@ -95,24 +95,19 @@ impl<B: MeshOps> Backbone<B> {
         bf16_embeddings: bool,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, crate::tensor_cache::CacheError> {
-        let config = ckpt.config.text.clone();
-        let plan = TpPlan::new(&config, mesh.mesh().devices()).map_err(LoadError::from)?;
+        let plan =
+            TpPlan::new(&ckpt.config.text, mesh.mesh().devices()).map_err(LoadError::from)?;
         let t0 = std::time::Instant::now();
-        let (layers, final_norm) = cache.place(&mesh, &plan, formats, progress)?;
-        tracing::info!(
-            ms = t0.elapsed().as_millis() as u64,
-            source = "tensor cache",
-            "weights placed on the mesh"
-        );
-        Ok(Backbone {
+        let placed = cache.place(&mesh, &plan, formats, progress)?;
+        Ok(Self::assemble(
+            ckpt,
             mesh,
-            config,
             plan,
-            layers,
-            final_norm,
-            embeddings: ckpt.embeddings().map_err(LoadError::from)?,
+            placed,
             bf16_embeddings,
-        })
+            t0,
+            "tensor cache",
+        )?)
     }
 
     /// Place the weights with each class of matrices in its own format; with
@@ -134,19 +129,30 @@ impl<B: MeshOps> Backbone<B> {
         bf16_embeddings: bool,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, LoadError> {
-        let config = ckpt.config.text.clone();
-        let plan = TpPlan::new(&config, mesh.mesh().devices())?;
+        let plan = TpPlan::new(&ckpt.config.text, mesh.mesh().devices())?;
         let t0 = std::time::Instant::now();
-        let (layers, final_norm) =
-            weights::load_layers(&mesh, &ckpt.tensors, &plan, formats, progress)?;
+        let placed = weights::load_layers(&mesh, &ckpt.tensors, &plan, formats, progress)?;
+        Self::assemble(ckpt, mesh, plan, placed, bf16_embeddings, t0, "checkpoint")
+    }
+
+    /// The backbone around weights placed from `source` since `t0` (logged).
+    fn assemble(
+        ckpt: &Checkpoint,
+        mesh: B,
+        plan: TpPlan,
+        (layers, final_norm): PlacedWeights<B::Weight>,
+        bf16_embeddings: bool,
+        t0: std::time::Instant,
+        source: &'static str,
+    ) -> Result<Self, LoadError> {
         tracing::info!(
             ms = t0.elapsed().as_millis() as u64,
-            source = "checkpoint",
+            source,
             "weights placed on the mesh"
         );
         Ok(Backbone {
             mesh,
-            config,
+            config: ckpt.config.text.clone(),
             plan,
             layers,
             final_norm,
