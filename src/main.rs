@@ -171,6 +171,9 @@ struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
     max_body_bytes: usize,
+    /// Serve the browser demo page at `/` (0 turns it off).
+    #[arg(long, env = "CLEF_DEMO", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
+    demo: bool,
     /// A serve profile (profiles/p150x2.toml, p150x4.toml): its `port` and `[env]` settings
     /// apply where neither a flag nor the environment sets them.
     #[arg(long)]
@@ -442,6 +445,7 @@ fn main() -> anyhow::Result<()> {
                 warmup: a.warmup,
                 strict: a.strict,
                 max_body_bytes: a.max_body_bytes,
+                demo: a.demo,
                 tensor_cache: a.tensor_cache,
                 prefix_cache: cli::serve::PrefixCacheOptions {
                     slots: a.prefix_cache,
@@ -602,7 +606,8 @@ fn main() -> anyhow::Result<()> {
             }
             BenchCommand::Head { rows, repeat } => {
                 let rows = cli::bench::head(&rows, repeat)?;
-                print!("{}", cli::bench::head_table(&rows));
+                let peak = clef_device::cpu::fma_peak_gflops();
+                print!("{}", cli::bench::head_table(&rows, peak));
             }
         },
     }

@@ -35,6 +35,7 @@ fn settings() -> ServerSettings {
         api_key: None,
         model_names: vec![],
         max_body_bytes: 13 << 20,
+        demo: true,
         rule: RULE,
         limits: HostLimits::default(),
         card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
@@ -311,6 +312,50 @@ fn the_api_key_and_model_names_are_enforced() {
         "{text}"
     );
     assert!(text.contains("clef_queue_depth 0"));
+}
+
+#[test]
+fn the_demo_page_and_its_assets_are_served_without_the_key_and_can_be_turned_off() {
+    let mut s = settings();
+    s.api_key = Some("sekret".into());
+    let base = start(s.clone(), 1, 8);
+    let fetch = |path: &str| {
+        let mut r = agent().get(&format!("{base}{path}")).call().unwrap();
+        let kind = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        (
+            r.status().as_u16(),
+            kind.unwrap_or_default(),
+            r.body_mut().read_to_string().unwrap(),
+        )
+    };
+    let (status, kind, html) = fetch("/");
+    assert_eq!(status, 200);
+    assert!(kind.starts_with("text/html"), "{kind}");
+    assert!(html.contains("<title>clef-tt demo</title>"));
+    // Every asset the page links to is served with its type; the script posts to the API.
+    for (path, want) in [
+        ("/demo/app.js", "text/javascript"),
+        ("/demo/style.css", "text/css"),
+    ] {
+        assert!(
+            html.contains(&format!("\"{path}\"")),
+            "index.html links {path}"
+        );
+        let (status, kind, body) = fetch(path);
+        assert_eq!(status, 200, "{path}");
+        assert!(kind.starts_with(want), "{path}: {kind}");
+        assert!(!body.is_empty());
+    }
+    assert!(fetch("/demo/app.js").2.contains("/v1/systemone"));
+    // The API behind the page still wants the key.
+    assert_eq!(post(&base, triage().as_bytes(), &[]).0, 401);
+    s.demo = false;
+    let off = start(s, 1, 8);
+    assert_eq!(get(&off, "/").0, 404);
+    assert_eq!(get(&off, "/demo/app.js").0, 404);
 }
 
 #[test]

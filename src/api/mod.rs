@@ -1,6 +1,7 @@
 //! The API surface: request parsing and validation and error bodies (usable without HTTP), and
 //! the axum routes with their metrics.
 
+pub mod demo;
 mod error;
 pub mod metrics;
 pub mod request;

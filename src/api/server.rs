@@ -1,5 +1,5 @@
 //! The HTTP server: `POST /v1/systemone`, `GET /v1/models`, `GET /health` and `/v1/health`,
-//! `GET /metrics`. Order of checks on a decision: the bearer key (401), the body limit (413),
+//! `GET /metrics`, and the demo page at `/` (see `demo.rs`). Order of checks on a decision: the bearer key (401), the body limit (413),
 //! content type (415), JSON and validation (422, before the model name), the served names
 //! (404), the queue (429 with `Retry-After`); then a worker answers (200, 422 for over-long
 //! prompts, 500 with a message if the worker fails).
@@ -32,6 +32,8 @@ pub struct ServerSettings {
     pub limits: HostLimits,
     /// The `/v1/models` card of the served model.
     pub card: Value,
+    /// Serve the browser demo page at `/` (`CLEF_DEMO`).
+    pub demo: bool,
 }
 
 /// Shared state of the routes.
@@ -81,8 +83,12 @@ impl AppState {
 
 /// The router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/systemone", post(systemone))
+    let demo = if state.settings.demo {
+        super::demo::routes()
+    } else {
+        Router::new()
+    };
+    demo.route("/v1/systemone", post(systemone))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/v1/health", get(health))

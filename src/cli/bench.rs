@@ -201,13 +201,31 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
     Ok(out)
 }
 
-pub fn head_table(rows: &[HeadRow]) -> String {
-    let mut s =
-        String::from("| rows | head total ms | of which memory projection ms |\n|---|---|---|\n");
+/// Flops of the memory projection over `rows` rows at Clef-27B width (rows × 5120 × 1024 × 2).
+fn projection_gflop(rows: usize) -> f64 {
+    (rows * 5120 * 1024 * 2) as f64 / 1e9
+}
+
+/// The head table, with the memory projection's rate against the machine's measured FMA peak
+/// (`peak_gflops`, when the CPU has AVX-512) and the floor that peak sets.
+pub fn head_table(rows: &[HeadRow], peak_gflops: Option<f64>) -> String {
+    let mut s = String::from(
+        "| rows | head total ms | of which memory projection ms | projection GFLOP/s | of FMA peak |\n|---|---|---|---|---|\n",
+    );
     for r in rows {
+        let rate = projection_gflop(r.rows) / (r.memory_ms / 1e3);
+        let share = peak_gflops.map_or("–".to_string(), |p| format!("{:.0}%", 100.0 * rate / p));
         s.push_str(&format!(
-            "| {} | {:.1} | {:.1} |\n",
-            r.rows, r.total_ms, r.memory_ms
+            "| {} | {:.1} | {:.1} | {:.0} | {} |\n",
+            r.rows, r.total_ms, r.memory_ms, rate, share
+        ));
+    }
+    if let (Some(peak), Some(last)) = (peak_gflops, rows.last()) {
+        s.push_str(&format!(
+            "\nFMA peak of this machine (measured, all threads): {peak:.0} GFLOP/s; the memory \
+             projection alone over {} rows needs {:.0} ms at that peak.\n",
+            last.rows,
+            projection_gflop(last.rows) / peak * 1e3
         ));
     }
     s

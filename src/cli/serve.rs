@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub warmup: bool,
     pub strict: bool,
     pub max_body_bytes: usize,
+    /// Serve the browser demo page at `/`.
+    pub demo: bool,
     pub prefix_cache: PrefixCacheOptions,
     pub tensor_cache: Option<std::path::PathBuf>,
 }
@@ -257,6 +259,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         model_names: o.model_names.clone(),
         max_body_bytes: o.max_body_bytes,
+        demo: o.demo,
         rule,
         limits,
         card,
@@ -327,6 +330,7 @@ mod tests {
             warmup: false,
             strict: false,
             max_body_bytes: 1 << 20,
+            demo: false,
             prefix_cache: PrefixCacheOptions {
                 slots,
                 max_bytes,

@@ -6,7 +6,9 @@ mod attention;
 pub mod delta_rule;
 mod denormals;
 pub mod matmul;
+mod peak;
 mod profile;
+pub use peak::fma_peak_gflops;
 
 use crate::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
