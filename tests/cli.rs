@@ -209,6 +209,70 @@ fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
 }
 
 #[test]
+fn sigterm_under_load_finishes_what_was_accepted_and_refuses_new_requests() {
+    let (mut child, base, agent) = spawn_server(
+        &["--warmup", "0", "--workers", "1", "--max-queue", "8"],
+        &[],
+    );
+    // One request runs and three wait in the queue when the signal arrives.
+    let body = format!(
+        r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "queued text ".repeat(1500)
+    );
+    let in_flight: Vec<_> = (0..4)
+        .map(|_| {
+            let (agent, base, body) = (agent.clone(), base.clone(), body.clone());
+            std::thread::spawn(move || {
+                let mut r = agent
+                    .post(&format!("{base}/v1/systemone"))
+                    .header("content-type", "application/json")
+                    .send(body.as_bytes())
+                    .unwrap();
+                (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+            })
+        })
+        .collect();
+    // Until all four are accepted (one running, the rest queued).
+    let mut accepted = false;
+    for _ in 0..500 {
+        let mut r = agent.get(&format!("{base}/metrics")).call().unwrap();
+        let text = r.body_mut().read_to_string().unwrap();
+        if text.contains("clef_queue_depth 3") {
+            accepted = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        accepted,
+        "the four requests were not in the server together"
+    );
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // A new client (new connection) is refused while the accepted ones finish.
+    let fresh: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(10)))
+        .build()
+        .into();
+    let late = fresh
+        .post(&format!("{base}/v1/systemone"))
+        .header("content-type", "application/json")
+        .send(body.as_bytes());
+    assert!(late.is_err(), "a request after SIGTERM was accepted");
+    for t in in_flight {
+        let (status, text) = t.join().unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    let exit = child.0.wait().unwrap();
+    assert!(exit.success(), "serve exited with {exit:?}");
+}
+
+#[test]
 fn decide_url_prints_what_the_local_mode_prints() {
     let (server, base, _) = spawn_server(&[], &[("CLEF_API_KEY", "sesame")]);
     let dir = std::env::temp_dir().join(format!("clef-tt-decide-url-{}", std::process::id()));

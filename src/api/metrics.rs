@@ -140,8 +140,14 @@ impl Metrics {
                 s.abandoned as f64,
             ),
             (
+                "clef_cancelled_total",
+                "Running requests stopped between prefill chunks because the client left.",
+                "counter",
+                s.cancelled as f64,
+            ),
+            (
                 "clef_worker_panics_total",
-                "Requests that panicked inside a worker.",
+                "Requests that panicked inside a worker (each one replaced its worker).",
                 "counter",
                 s.panics as f64,
             ),

@@ -13,7 +13,7 @@ mod weights;
 pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, LoadError};
 
-use crate::checkpoint::{Checkpoint, LayerKind, RowTable, TextConfig};
+use crate::checkpoint::{Checkpoint, LayerKind, RowError, RowTable, TextConfig};
 use clef_device::formats::bf16;
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
@@ -31,6 +31,8 @@ pub enum PrefillError {
     TokenId { id: u32, at: usize, vocab: usize },
     #[error("{0}")]
     State(String),
+    #[error("embeddings: {0}")]
+    Weights(String),
 }
 
 /// The per-layer state a prefill leaves behind, on the mesh.
@@ -240,24 +242,21 @@ impl<B: MeshOps> Backbone<B> {
         4 * (c.count(LayerKind::Attention) * kv + c.count(LayerKind::DeltaNet) * (conv + recurrent))
     }
 
-    /// Embedding rows of `ids` (read from the mapped checkpoint, widened to f32).
+    /// Embedding rows of `ids` (read from the checkpoint file, widened to f32).
     pub fn embed(&self, ids: &[u32]) -> Result<HostTensor, PrefillError> {
         let h = self.config.hidden_size;
-        let mut data = Vec::with_capacity(ids.len() * h);
-        for (at, &id) in ids.iter().enumerate() {
-            let row = self
-                .embeddings
-                .row_f32(id as usize)
-                .ok_or(PrefillError::TokenId {
-                    id,
-                    at,
-                    vocab: self.embeddings.rows(),
-                })?;
-            if self.bf16_embeddings {
-                data.extend(row.iter().map(|v| bf16::to_f32(bf16::from_f32(*v))));
-            } else {
-                data.extend(row);
-            }
+        let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+        let mut data = self.embeddings.rows_f32(&rows).map_err(|e| match e {
+            RowError::OutOfRange { at, .. } => PrefillError::TokenId {
+                id: ids[at],
+                at,
+                vocab: self.embeddings.rows(),
+            },
+            other => PrefillError::Weights(other.to_string()),
+        })?;
+        if self.bf16_embeddings {
+            data.iter_mut()
+                .for_each(|v| *v = bf16::to_f32(bf16::from_f32(*v)));
         }
         Ok(HostTensor::new(ids.len(), h, data))
     }

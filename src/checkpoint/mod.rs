@@ -13,12 +13,14 @@
 mod config;
 mod head;
 mod hub;
+mod rows;
 mod tensors;
 
 pub use config::{LayerKind, ModelConfig, TextConfig, VisionConfig};
 pub use head::{JointHeadConfig, JointHeadFiles};
 pub use hub::{resolve_in_cache, resolve_model_dir};
-pub use tensors::{StoredDtype, TensorInfo, TensorStore};
+pub use rows::{RowError, RowTable};
+pub use tensors::{widen_f32, StoredDtype, TensorInfo, TensorStore};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -147,52 +149,17 @@ impl Checkpoint {
         json.get("tokenizer_class")?.as_str().map(str::to_string)
     }
 
-    /// The LM head as a row table read on demand from the mapped file.
+    /// The LM head as a row table read on demand from its file.
     pub fn lm_head(&self) -> Result<RowTable, CheckpointError> {
         let t = &self.config.text;
-        RowTable::new(self.tensors.clone(), LM_HEAD, t.vocab_size, t.hidden_size)
+        RowTable::new(&self.tensors, LM_HEAD, t.vocab_size, t.hidden_size)
     }
 
     /// The input embedding table as a row table.
     pub fn embeddings(&self) -> Result<RowTable, CheckpointError> {
         let t = &self.config.text;
         let name = format!("{TEXT_PREFIX}embed_tokens.weight");
-        RowTable::new(self.tensors.clone(), &name, t.vocab_size, t.hidden_size)
-    }
-}
-
-/// Rows of a `[rows, cols]` checkpoint matrix read on demand from the mapped file (the LM
-/// head and the embeddings never leave the host).
-#[derive(Clone)]
-pub struct RowTable {
-    store: Arc<TensorStore>,
-    info: TensorInfo,
-    cols: usize,
-}
-
-impl RowTable {
-    /// The tensor `name`, checked to be `[rows, cols]`.
-    pub fn new(
-        store: Arc<TensorStore>,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self, CheckpointError> {
-        let info = store.expect(name, &[rows, cols])?.clone();
-        Ok(RowTable { store, info, cols })
-    }
-    pub fn rows(&self) -> usize {
-        self.info.shape[0]
-    }
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// Row `r` widened to f32, or `None` past the end.
-    pub fn row_f32(&self, r: usize) -> Option<Vec<f32>> {
-        (r < self.rows()).then(|| {
-            self.store
-                .read_f32(&self.info, r * self.cols, (r + 1) * self.cols)
-        })
+        RowTable::new(&self.tensors, &name, t.vocab_size, t.hidden_size)
     }
 }
 

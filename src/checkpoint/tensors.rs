@@ -10,6 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Element type of a stored tensor that clef-tt can read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +59,8 @@ impl TensorInfo {
 /// A set of memory-mapped safetensors files and the tensors they hold.
 pub struct TensorStore {
     files: Vec<(PathBuf, Mmap)>,
+    /// The open files behind the maps, for positioned reads after loading ([`super::RowTable`]).
+    handles: Vec<Arc<File>>,
     tensors: BTreeMap<String, TensorInfo>,
     /// `mtp.*` tensors present in the files and skipped (multi-token prediction is unused).
     skipped: usize,
@@ -132,12 +135,14 @@ impl TensorStore {
     /// Map and index the given files.
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, CheckpointError> {
         let mut files = Vec::new();
+        let mut handles = Vec::new();
         let mut tensors = BTreeMap::new();
         let mut skipped = 0;
         for (i, path) in paths.iter().enumerate() {
             let file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
-            // SAFETY: the mapping is read-only; a checkpoint changed under a running server is
-            // an operator error that the loader cannot prevent (the bytes are copied on load).
+            // SAFETY: the mapping is read-only and only read while loading: the loaders copy
+            // what they keep, and the row tables read after loading through `handles` with
+            // positioned reads, so a file changed under a running server cannot fault it.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(path, e))?;
             let bad = |msg: String| CheckpointError::File {
                 file: path.display().to_string(),
@@ -200,9 +205,11 @@ impl TensorStore {
                 }
             }
             files.push((path.clone(), mmap));
+            handles.push(Arc::new(file));
         }
         Ok(TensorStore {
             files,
+            handles,
             tensors,
             skipped,
         })
@@ -227,6 +234,11 @@ impl TensorStore {
 
     pub fn file_path(&self, index: usize) -> &Path {
         &self.files[index].0
+    }
+
+    /// The open file of index `index` (the one mapped, whatever its path points to now).
+    pub fn file_handle(&self, index: usize) -> Arc<File> {
+        self.handles[index].clone()
     }
 
     pub fn files(&self) -> impl Iterator<Item = &Path> {
@@ -287,20 +299,25 @@ impl TensorStore {
 
     /// Elements `[start, end)` (flat index) widened to f32.
     pub fn read_f32(&self, info: &TensorInfo, start: usize, end: usize) -> Vec<f32> {
-        let b = &self.bytes(info)[start * info.dtype.size()..end * info.dtype.size()];
-        match info.dtype {
-            StoredDtype::Bf16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            StoredDtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            StoredDtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        }
+        let size = info.dtype.size();
+        widen_f32(info.dtype, &self.bytes(info)[start * size..end * size])
+    }
+}
+
+/// Little-endian stored elements widened to f32.
+pub fn widen_f32(dtype: StoredDtype, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        StoredDtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        StoredDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        StoredDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
     }
 }

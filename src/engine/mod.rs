@@ -66,7 +66,16 @@ pub struct Pipeline<B: MeshOps> {
     lm_head: RowTable,
     hidden: usize,
     cache: Mutex<Cache<B>>,
+    fault: Option<FaultSwitch>,
 }
+
+/// A switch for fault-injection tests: a request it matches makes the pipeline panic after the
+/// model ran (the prefix cache already updated) and before the head. Only code sets it
+/// ([`Pipeline::with_fault_switch`]); no request field or environment variable reaches it.
+pub type FaultSwitch = Arc<dyn Fn(&SystemOneRequest) -> bool + Send + Sync>;
+
+/// The panic message of an injected fault.
+pub const INJECTED_FAULT: &str = "injected fault (test switch)";
 
 impl<B: MeshOps> Pipeline<B> {
     pub fn new(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, PipelineError> {
@@ -109,7 +118,22 @@ impl<B: MeshOps> Pipeline<B> {
                 },
                 Arc::default(),
             )),
+            fault: None,
         })
+    }
+
+    /// Panic on the requests `switch` matches (fault-injection tests only).
+    #[doc(hidden)]
+    pub fn with_fault_switch(self, switch: FaultSwitch) -> Self {
+        Pipeline {
+            fault: Some(switch),
+            ..self
+        }
+    }
+
+    /// Forget everything a failed request may have left behind: the prefix cache slots.
+    pub fn reset_after_failure(&self) {
+        self.lock_cache().clear();
     }
 
     /// Cache state prefixes as `config` says, counting into `stats` (shared by the workers of
@@ -200,6 +224,9 @@ impl<B: MeshOps> Pipeline<B> {
         })?;
         let started = Instant::now();
         let rows = self.run_model(&record, cancelled)?;
+        if self.fault.as_ref().is_some_and(|matches| matches(req)) {
+            std::panic::panic_any(INJECTED_FAULT);
+        }
         let logits = self.logits(&record, &rows.hidden, rows.first_row, &rows.memory)?;
         let model_seconds = started.elapsed().as_secs_f64();
         let probabilities: Vec<Vec<f32>> = logits.iter().map(|l| probabilities(l)).collect();
@@ -349,11 +376,16 @@ impl<B: MeshOps> Pipeline<B> {
         for q in &record.questions {
             for &(s, e) in &q.option_spans {
                 let mut mean = vec![0.0f32; h];
-                for &id in &record.input_ids[s..e] {
-                    let values = self.lm_head.row_f32(id as usize).ok_or_else(|| {
-                        ApiError::internal(format!("token id {id} is outside the LM head"))
-                    })?;
-                    mean.iter_mut().zip(&values).for_each(|(m, v)| *m += v);
+                let ids: Vec<usize> = record.input_ids[s..e]
+                    .iter()
+                    .map(|&id| id as usize)
+                    .collect();
+                let values = self
+                    .lm_head
+                    .rows_f32(&ids)
+                    .map_err(|e| ApiError::internal(format!("LM head: {e}")))?;
+                for row in values.chunks_exact(h) {
+                    mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
                 }
                 let n = (e - s) as f32;
                 mean.iter_mut().for_each(|m| *m /= n);

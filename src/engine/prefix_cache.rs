@@ -210,6 +210,17 @@ impl<S, M> PrefixCache<S, M> {
     pub fn bytes(&self) -> usize {
         self.slots.iter().map(|s| s.bytes).sum()
     }
+
+    /// Drop every slot (counted as evictions): a worker replaced after a failure starts empty.
+    pub fn clear(&mut self) {
+        self.stats
+            .bytes
+            .fetch_sub(self.bytes() as u64, Ordering::Relaxed);
+        self.stats
+            .evictions
+            .fetch_add(self.slots.len() as u64, Ordering::Relaxed);
+        self.slots.clear();
+    }
 }
 
 impl<S, M> Drop for PrefixCache<S, M> {

@@ -1,8 +1,9 @@
 //! Workers and the bounded queue. Each worker is an OS thread that owns one pipeline (one mesh)
 //! and takes jobs from a queue of fixed capacity; a full queue refuses at once (the caller
 //! answers 429). A job whose client has gone before its turn is dropped unstarted, and one
-//! running stops at the next prefill chunk boundary. The blocking
-//! model work never runs on the async runtime's threads.
+//! running stops at the next prefill chunk boundary. A request that panics is answered with a
+//! 500 and its worker is replaced (a new thread on the same weights, prefix cache cleared). The
+//! blocking model work never runs on the async runtime's threads.
 
 use super::prefix_cache::PrefixCacheStats;
 use super::{Decision, Pipeline};
@@ -35,7 +36,7 @@ pub struct EngineStats {
     pub abandoned: AtomicU64,
     /// Prompt tokens run through the model.
     pub tokens: AtomicU64,
-    /// Jobs that panicked inside a worker.
+    /// Jobs that panicked inside a worker (each one replaced its worker).
     pub panics: AtomicU64,
     /// Running jobs stopped between prefill chunks because their client left.
     pub cancelled: AtomicU64,
@@ -82,15 +83,7 @@ impl Engine {
         });
         let workers = pipelines.len();
         for (i, pipeline) in pipelines.into_iter().enumerate() {
-            let rx = rx.clone();
-            let stats = stats.clone();
-            let warmup = warmup.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("clef-worker-{i}"))
-                .spawn(move || worker_loop(i, pipeline, rx, stats, warmup));
-            if let Err(e) = spawned {
-                tracing::error!("could not start worker {i}: {e}");
-            }
+            spawn_worker(i, 0, pipeline, rx.clone(), stats.clone(), warmup.clone());
         }
         Engine {
             tx,
@@ -120,32 +113,80 @@ impl Engine {
     }
 }
 
-fn worker_loop<B: MeshOps>(
+/// The receiving end every worker takes jobs from.
+type Queue = Arc<Mutex<mpsc::Receiver<Job>>>;
+
+/// Why a worker thread ended.
+enum WorkerEnd {
+    /// The queue closed: the server is shutting down.
+    QueueClosed,
+    /// A request panicked: the thread is replaced.
+    Failed,
+}
+
+/// Start worker `index` (its `generation`-th thread) on `pipeline`. When a request panics, the
+/// thread answers it with a 500, clears what requests leave in the pipeline (the prefix cache)
+/// and hands the pipeline to a new thread before it ends: a failed worker is replaced.
+fn spawn_worker<B: MeshOps + Send + 'static>(
     index: usize,
+    generation: u64,
     pipeline: Pipeline<B>,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    rx: Queue,
     stats: Arc<EngineStats>,
     warmup: Option<(SystemOneRequest, LengthRule)>,
-) {
-    if let Some((request, rule)) = warmup {
-        let t0 = Instant::now();
-        match pipeline.decide(&request, rule) {
-            Ok(_) => tracing::info!(
-                worker = index,
-                ms = t0.elapsed().as_millis() as u64,
-                "warm-up done"
-            ),
-            Err(e) => tracing::warn!(worker = index, "warm-up failed: {e}"),
-        }
+) where
+    B::Tensor: Send,
+{
+    let spawned = std::thread::Builder::new()
+        .name(format!("clef-worker-{index}"))
+        .spawn(move || {
+            if let Some((request, rule)) = warmup {
+                let t0 = Instant::now();
+                match pipeline.decide(&request, rule) {
+                    Ok(_) => tracing::info!(
+                        worker = index,
+                        ms = t0.elapsed().as_millis() as u64,
+                        "warm-up done"
+                    ),
+                    Err(e) => tracing::warn!(worker = index, "warm-up failed: {e}"),
+                }
+            }
+            stats.ready.fetch_add(1, Ordering::SeqCst);
+            match worker_loop(index, &pipeline, &rx, &stats) {
+                WorkerEnd::QueueClosed => {}
+                WorkerEnd::Failed => {
+                    stats.ready.fetch_sub(1, Ordering::SeqCst);
+                    pipeline.reset_after_failure();
+                    tracing::warn!(
+                        worker = index,
+                        generation = generation + 1,
+                        "replacing the worker after a failed request"
+                    );
+                    spawn_worker(index, generation + 1, pipeline, rx, stats, None);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("could not start worker {index} (generation {generation}): {e}");
     }
-    stats.ready.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Answer jobs until the queue closes or one of them panics.
+fn worker_loop<B: MeshOps>(
+    index: usize,
+    pipeline: &Pipeline<B>,
+    rx: &Queue,
+    stats: &EngineStats,
+) -> WorkerEnd {
     loop {
         // One worker waits on the queue at a time; the others wait for the lock.
         let job = match rx.lock() {
             Ok(mut guard) => guard.blocking_recv(),
-            Err(_) => return,
+            Err(_) => return WorkerEnd::QueueClosed,
         };
-        let Some(job) = job else { return };
+        let Some(job) = job else {
+            return WorkerEnd::QueueClosed;
+        };
         stats.queued.fetch_sub(1, Ordering::SeqCst);
         if job.reply.is_closed() {
             stats.abandoned.fetch_add(1, Ordering::Relaxed);
@@ -157,8 +198,16 @@ fn worker_loop<B: MeshOps>(
             pipeline.decide_cancellable(&job.request, job.rule, &|| reply.is_closed())
         }));
         stats.running.fetch_sub(1, Ordering::SeqCst);
-        let result = match outcome {
-            Ok(r) => r,
+        match outcome {
+            Ok(result) => {
+                if let Ok(d) = &result {
+                    stats
+                        .tokens
+                        .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
+                }
+                // A client that left while we ran is fine: the answer is dropped.
+                let _ = job.reply.send(result);
+            }
             Err(panic) => {
                 stats.panics.fetch_add(1, Ordering::Relaxed);
                 let msg = panic
@@ -167,17 +216,11 @@ fn worker_loop<B: MeshOps>(
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 tracing::error!(worker = index, "request panicked: {msg}");
-                Err(ApiError::internal(format!(
+                let _ = job.reply.send(Err(ApiError::internal(format!(
                     "the worker failed on this request: {msg}"
-                )))
+                ))));
+                return WorkerEnd::Failed;
             }
-        };
-        if let Ok(d) = &result {
-            stats
-                .tokens
-                .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
         }
-        // A client that left while we ran is fine: the answer is dropped.
-        let _ = job.reply.send(result);
     }
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths and f32 tensors from safetensors.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::PathBuf;
 
 pub fn fixtures() -> PathBuf {

@@ -1,0 +1,61 @@
+//! Rendering and encoding with the real Qwen3.5 tokenizer (the fixture's): every valid request
+//! either encodes, with spans inside the prompt and the state piece within its limit, or is
+//! refused with a 4xx; the Python-compatible JSON renderer always emits JSON that parses.
+#![no_main]
+
+use clef_tt::api::{parse_body, validate, HostLimits};
+use clef_tt::encode::{encode, json::dumps, EncodeError, LengthRule};
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+fn tokenizer() -> &'static tokenizers::Tokenizer {
+    static TOKENIZER: OnceLock<tokenizers::Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tiny-clef/tokenizer.json");
+        tokenizers::Tokenizer::from_file(path).expect("fixture tokenizer")
+    })
+}
+
+const RULES: [LengthRule; 3] = [
+    LengthRule::Server {
+        max_state: 2048,
+        max_tail: 1024,
+        truncate: false,
+    },
+    LengthRule::Server {
+        max_state: 256,
+        max_tail: 1024,
+        truncate: true,
+    },
+    LengthRule::Reference { max_length: 512 },
+];
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(value) = parse_body(data) else { return };
+    let rendered = dumps(&value, true);
+    assert!(serde_json::from_str::<serde_json::Value>(&rendered).is_ok(), "{rendered}");
+    let Ok(req) = validate(&value, Some(&HostLimits::default())) else {
+        return;
+    };
+    for rule in RULES {
+        match encode(tokenizer(), &req, &[], rule) {
+            Ok(record) => {
+                let len = record.input_ids.len();
+                assert!(record.state_end <= len);
+                assert_eq!(record.questions.len(), req.questions.len());
+                for q in &record.questions {
+                    assert!(q.span.0 < q.span.1 && q.span.1 <= len, "{q:?}");
+                    for s in &q.option_spans {
+                        assert!(s.0 < s.1 && s.1 <= len, "{q:?}");
+                    }
+                }
+                match rule {
+                    LengthRule::Server { max_state, .. } => assert!(record.state_end <= max_state),
+                    LengthRule::Reference { max_length } => assert!(len <= max_length),
+                }
+            }
+            Err(EncodeError::Api(e)) => assert!((400..500).contains(&e.status), "{e:?}"),
+            Err(EncodeError::Tokenizer(m)) => panic!("tokenizer failed: {m}"),
+        }
+    }
+});
