@@ -63,6 +63,30 @@ fn packed_tiles_equal_ttnn_bytes_and_decode_to_ttnn_values() {
     assert_eq!(checked, 15);
 }
 
+/// Found by the `bfp` fuzz target: a block holding an infinity takes exponent 255, and ttnn
+/// reads every non-zero code of such a block as Inf/NaN, large finite neighbours included; a block of
+/// finite values up to f32::MAX stays finite and packs back to the same bytes.
+#[test]
+fn a_non_finite_value_poisons_its_block_and_finite_extremes_round_trip() {
+    for format in [TileFormat::Bfp8, TileFormat::Bfp4] {
+        let mut m = vec![0.0f32; 32 * 32];
+        m[0] = f32::INFINITY;
+        m[1] = -2.355_287_7e38;
+        m[2] = 1.0;
+        let decoded = unpack(&pack(&m, 32, 32, format), 32, 32, format).unwrap();
+        assert!(decoded[0].is_infinite(), "{format:?}");
+        assert!(!decoded[1].is_finite(), "{format:?}: {}", decoded[1]);
+        // 1.0 is shifted out under exponent 255 (code 0), and zero codes stay zero.
+        assert_eq!((decoded[2], decoded[3]), (0.0, 0.0), "{format:?}");
+
+        m[0] = f32::MAX;
+        let bytes = pack(&m, 32, 32, format);
+        let decoded = unpack(&bytes, 32, 32, format).unwrap();
+        assert!(decoded.iter().all(|v| v.is_finite()), "{format:?}");
+        assert_eq!(pack(&decoded, 32, 32, format), bytes, "{format:?}");
+    }
+}
+
 #[test]
 fn a_wrong_byte_count_is_refused() {
     let err = unpack(&[0u8; 100], 32, 32, TileFormat::Bfp8).unwrap_err();

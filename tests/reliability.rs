@@ -507,8 +507,9 @@ fn load_at_four_times_capacity_answers_200_or_429_equal_to_solo_answers() {
     ok_ms.sort_by(f64::total_cmp);
     let pct = |q: f64| ok_ms[((ok_ms.len() - 1) as f64 * q).round() as usize];
     println!(
-        "load: {clients} clients x {per_client} requests, {workers} workers + queue {queue}: {} ok, {refused} 429, {:.1} answered/s, p50 {:.0} ms, p99 {:.0} ms, RSS {} -> {} MiB",
+        "load: {clients} clients x {per_client} requests, {workers} workers + queue {queue}: {} ok, {refused} 429 in {seconds:.2} s ({:.1} requests/s answered, {:.1} of them 200/s), 200s p50 {:.0} ms, p99 {:.0} ms, RSS {} -> {} MiB",
         ok_ms.len(),
+        results.len() as f64 / seconds,
         ok_ms.len() as f64 / seconds,
         pct(0.5),
         pct(0.99),

@@ -25,7 +25,10 @@ fuzz_target!(|data: &[u8]| {
         // Arbitrary tile bytes (any exponent, any code) decode without panicking.
         let mut raw = data[1..].to_vec();
         raw.resize(format.tile_bytes(), 0);
-        assert_eq!(unpack(&raw, 32, 32, format).map(|v| v.len()).ok(), Some(1024));
+        assert_eq!(
+            unpack(&raw, 32, 32, format).map(|v| v.len()).ok(),
+            Some(1024)
+        );
         let bytes = pack(&m, rows, cols, format);
         assert_eq!(bytes.len(), packed_bytes(rows, cols, format));
         let decoded = unpack(&bytes, rows, cols, format).expect("packed size");

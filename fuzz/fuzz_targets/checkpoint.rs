@@ -32,7 +32,9 @@ fn scratch() -> &'static PathBuf {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&which, rest)) = data.split_first() else { return };
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
     let dir = scratch();
     match which % 4 {
         0 => {

@@ -67,6 +67,7 @@ const browser = await chromium.launch({
   args: [
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-dev-shm-usage",
     "--disable-quic",
     "--no-first-run",
     "--disable-background-networking",
