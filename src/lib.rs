@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod encode;
 pub mod engine;
 pub mod head;
+pub mod media;
 pub mod precision;
 pub mod random;
 pub mod tensor_cache;

@@ -45,6 +45,44 @@ pub struct SystemOneRequest {
     pub truncate: Option<bool>,
     /// Whether `images` or `videos` is non-empty.
     pub has_media: bool,
+    /// `images`: base64 strings or `data:` URLs, as given.
+    pub images: Vec<String>,
+    /// `videos`: each a list of frame strings, as given.
+    pub videos: Vec<Vec<String>>,
+}
+
+fn media_error(loc: &[&str], msg: &str) -> ApiError {
+    let mut e = ApiError::invalid(loc, msg, "value_error");
+    // Indices are numbers in FastAPI's paths.
+    for part in e.loc.iter_mut().skip(2) {
+        if let Some(n) = part.as_str().and_then(|s| s.parse::<u64>().ok()) {
+            *part = Value::from(n);
+        }
+    }
+    e
+}
+
+/// `images` (absent or null: none): a list of strings.
+fn media_strings(value: Option<&Value>, field: &str) -> Result<Vec<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    media_error(
+                        &[field, &i.to_string()],
+                        "an image must be a base64 string or a data: URL",
+                    )
+                })
+            })
+            .collect(),
+        Some(_) => Err(media_error(
+            &[field],
+            "images must be a list of base64 strings or data: URLs",
+        )),
+    }
 }
 
 /// Bounds that protect the host (configurable; the reference has none).
@@ -138,15 +176,41 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
             ))
         }
     };
-    let has_media = ["images", "videos"]
-        .iter()
-        .any(|k| obj.get(*k).map(truthy).unwrap_or(false));
+    let images = media_strings(obj.get("images"), "images")?;
+    let videos = match obj.get("videos") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::Array(frames) => frames
+                    .iter()
+                    .enumerate()
+                    .map(|(k, f)| {
+                        f.as_str().map(str::to_string).ok_or_else(|| {
+                            media_error(
+                                &["videos", &i.to_string(), &k.to_string()],
+                                "a video frame must be a base64 string or a data: URL",
+                            )
+                        })
+                    })
+                    .collect(),
+                _ => Err(media_error(
+                    &["videos", &i.to_string()],
+                    "a video must be a list of frames (base64 strings or data: URLs)",
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(media_error(&["videos"], "videos must be a list of videos")),
+    };
     let request = SystemOneRequest {
         model,
         state: state.clone(),
         questions: out,
         truncate,
-        has_media,
+        has_media: !images.is_empty() || !videos.is_empty(),
+        images,
+        videos,
     };
     if let Some(l) = limits {
         check_limits(&request, l)?;

@@ -9,7 +9,8 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// Every tensor of a safetensors file, as (shape, f32 values) — i64 tensors are widened too.
+/// Every tensor of a safetensors file, as (shape, f32 values) — i64, f64 and u8 tensors are
+/// converted too.
 pub fn read_tensors(
     path: &std::path::Path,
 ) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
@@ -29,6 +30,12 @@ pub fn read_tensors(
                     .chunks_exact(8)
                     .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
                     .collect(),
+                safetensors::Dtype::F64 => view
+                    .data()
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+                    .collect(),
+                safetensors::Dtype::U8 => view.data().iter().map(|&b| f32::from(b)).collect(),
                 other => panic!("{name}: unexpected dtype {other:?}"),
             };
             (name, (view.shape().to_vec(), data))

@@ -7,18 +7,25 @@
 //! - `resize`: torchvision's antialiased uint8 bicubic (separable, fixed-point, bit for bit);
 //! - `preprocess`: the target size rule (`smart_resize`), rescale and normalise, patch rows in
 //!   the processor's order, grids;
-//! - `video`: frame sampling, temporal padding and the timestamp text.
+//! - `video`: frame sampling, temporal padding and the timestamp text;
+//! - `prompt`: the media block of token ids and the 3-D M-RoPE positions.
 //!
-//! The vision tower and the prompt expansion (pad tokens, M-RoPE positions) are not here yet.
+//! - `tower`: the vision tower on the host in f32 (the reference for the device port).
 
 pub mod decode;
 pub mod preprocess;
+pub mod prompt;
 pub mod resize;
+pub mod tower;
 pub mod video;
 
 pub use decode::{decode_image, decode_media_string, DecodeError, RgbImage};
 pub use preprocess::{
     patch_rows, smart_resize, Grid, SizeRule, IMAGE_RULE, PATCH, ROW_VALUES, VIDEO_RULE,
 };
+pub use prompt::{
+    media_block, mrope_positions, MediaBlock, MediaTokens, PositionError, VideoTokens,
+};
 pub use resize::resize;
+pub use tower::VisionTower;
 pub use video::{sample_frames, timestamps};

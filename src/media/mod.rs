@@ -1,0 +1,302 @@
+//! A request's images and videos turned into what the model needs (goldens-media README §2–§3,
+//! via `clef-vision`): decoded and checked against the host's media limits (every bad image a
+//! 422 naming its index), resized and cut into patch rows, and the media block of token ids with
+//! its grids. `positions` gives the 3-D M-RoPE positions of the whole prompt once it is encoded.
+//! `load_tower` reads the vision tower (host f32). The text model does not take spliced
+//! embeddings and M-RoPE positions yet, so the server still refuses media requests.
+
+use crate::api::ApiError;
+use crate::checkpoint::{Checkpoint, CheckpointError, VISION_PREFIX};
+use clef_vision::tower::{Block, LayerNorm, Linear};
+use clef_vision::{
+    decode_image, decode_media_string, media_block, mrope_positions, patch_rows, resize,
+    sample_frames, smart_resize, timestamps, Grid, MediaBlock, MediaTokens, RgbImage, VideoTokens,
+    VisionTower,
+};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+/// Bounds on media that protect the host (README, "Configuration").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MediaLimits {
+    pub max_images: usize,
+    /// Base64-decoded bytes of one image or frame.
+    pub max_image_bytes: usize,
+    /// Pixels of one decoded image or frame.
+    pub max_image_pixels: u64,
+    /// Base64-decoded bytes of all images and frames of a request.
+    pub max_total_bytes: usize,
+    pub max_videos: usize,
+    pub max_frames: usize,
+}
+
+impl Default for MediaLimits {
+    fn default() -> Self {
+        MediaLimits {
+            max_images: 4,
+            max_image_bytes: 4 << 20,
+            max_image_pixels: 16 << 20,
+            max_total_bytes: 8 << 20,
+            max_videos: 4,
+            max_frames: 32,
+        }
+    }
+}
+
+/// A request's media, ready for the vision tower and the encoder.
+#[derive(Clone, Debug)]
+pub struct PreparedMedia {
+    /// The ids that go right after `STATE:\n`, and their token types.
+    pub block: MediaBlock,
+    pub image_grids: Vec<Grid>,
+    pub video_grids: Vec<Grid>,
+    /// `[patches, 1536]` rows of all images, then of all videos.
+    pub pixel_values: Vec<f32>,
+    pub pixel_values_videos: Vec<f32>,
+}
+
+fn at(path: &[Value], msg: impl Into<String>) -> ApiError {
+    let mut loc = vec![Value::from("body")];
+    loc.extend(path.iter().cloned());
+    ApiError {
+        status: 422,
+        loc,
+        msg: msg.into(),
+        kind: "value_error".into(),
+    }
+}
+
+/// The media tokens of `tokenizer` (Qwen3.5's vision specials and `"\n"`).
+pub fn media_tokens(tokenizer: &Tokenizer) -> Result<MediaTokens, ApiError> {
+    let id = |t: &str| {
+        tokenizer
+            .token_to_id(t)
+            .ok_or_else(|| ApiError::internal(format!("the tokenizer has no {t} token")))
+    };
+    let newline = tokenizer
+        .encode("\n", false)
+        .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?
+        .get_ids()
+        .to_vec();
+    Ok(MediaTokens {
+        vision_start: id("<|vision_start|>")?,
+        vision_end: id("<|vision_end|>")?,
+        image_pad: id("<|image_pad|>")?,
+        video_pad: id("<|video_pad|>")?,
+        newline,
+    })
+}
+
+/// Decode one media string under the limits, counting its bytes into `total`.
+fn decode_one(
+    s: &str,
+    path: &[Value],
+    limits: &MediaLimits,
+    total: &mut usize,
+) -> Result<RgbImage, ApiError> {
+    let bytes = decode_media_string(s).map_err(|e| at(path, e.to_string()))?;
+    if bytes.len() > limits.max_image_bytes {
+        return Err(at(
+            path,
+            format!(
+                "the image has {} bytes; at most {} are allowed",
+                bytes.len(),
+                limits.max_image_bytes
+            ),
+        ));
+    }
+    *total += bytes.len();
+    if *total > limits.max_total_bytes {
+        return Err(at(
+            path,
+            format!(
+                "the request's images and frames exceed {} bytes",
+                limits.max_total_bytes
+            ),
+        ));
+    }
+    decode_image(&bytes, limits.max_image_pixels).map_err(|e| at(path, e.to_string()))
+}
+
+/// Decode, check, resize and patch every image and video of a request.
+pub fn prepare(
+    tokenizer: &Tokenizer,
+    images: &[String],
+    videos: &[Vec<String>],
+    limits: &MediaLimits,
+) -> Result<PreparedMedia, ApiError> {
+    if images.len() > limits.max_images {
+        return Err(at(
+            &["images".into()],
+            format!(
+                "{} images; at most {} are allowed",
+                images.len(),
+                limits.max_images
+            ),
+        ));
+    }
+    if videos.len() > limits.max_videos {
+        return Err(at(
+            &["videos".into()],
+            format!(
+                "{} videos; at most {} are allowed",
+                videos.len(),
+                limits.max_videos
+            ),
+        ));
+    }
+    let tokens = media_tokens(tokenizer)?;
+    let mut total = 0;
+    let mut image_grids = Vec::new();
+    let mut pixel_values = Vec::new();
+    for (i, s) in images.iter().enumerate() {
+        let image = decode_one(s, &["images".into(), i.into()], limits, &mut total)?;
+        let (h, w) = smart_resize(image.height, image.width, None);
+        let resized = resize(&image, w, h);
+        let (rows, grid) = patch_rows(&[&resized, &resized]);
+        pixel_values.extend(rows);
+        image_grids.push(grid);
+    }
+    let mut video_grids = Vec::new();
+    let mut video_tokens = Vec::new();
+    let mut pixel_values_videos = Vec::new();
+    for (v, frames) in videos.iter().enumerate() {
+        let path = |k: usize| -> Vec<Value> { vec!["videos".into(), v.into(), k.into()] };
+        if frames.is_empty() || frames.len() > limits.max_frames {
+            return Err(at(
+                &["videos".into(), v.into()],
+                format!(
+                    "a video needs 1 to {} frames; this one has {}",
+                    limits.max_frames,
+                    frames.len()
+                ),
+            ));
+        }
+        // Every frame is decoded (and checked), the sampled ones are used.
+        let mut decoded = Vec::with_capacity(frames.len());
+        for (k, s) in frames.iter().enumerate() {
+            let frame = decode_one(s, &path(k), limits, &mut total)?;
+            if let Some(first) = decoded.first() {
+                let first: &RgbImage = first;
+                if (frame.width, frame.height) != (first.width, first.height) {
+                    return Err(at(
+                        &path(k),
+                        format!(
+                            "frame {k} is {}x{}; the video's frames are {}x{}",
+                            frame.width, frame.height, first.width, first.height
+                        ),
+                    ));
+                }
+            }
+            decoded.push(frame);
+        }
+        let indices = sample_frames(decoded.len());
+        let (h, w) = smart_resize(decoded[0].height, decoded[0].width, Some(indices.len()));
+        let mut resized: Vec<RgbImage> =
+            indices.iter().map(|&k| resize(&decoded[k], w, h)).collect();
+        if resized.len() % 2 == 1 {
+            resized.extend(resized.last().cloned());
+        }
+        let refs: Vec<&RgbImage> = resized.iter().collect();
+        let (rows, grid) = patch_rows(&refs);
+        pixel_values_videos.extend(rows);
+        let stamps = timestamps(&indices)
+            .iter()
+            .map(|t| {
+                tokenizer
+                    .encode(t.as_str(), false)
+                    .map(|e| e.get_ids().to_vec())
+                    .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        video_grids.push(grid);
+        video_tokens.push(VideoTokens {
+            grid,
+            timestamps: stamps,
+        });
+    }
+    Ok(PreparedMedia {
+        block: media_block(&tokens, &image_grids, &video_tokens),
+        image_grids,
+        video_grids,
+        pixel_values,
+        pixel_values_videos,
+    })
+}
+
+/// M-RoPE positions `(t, h, w)` of an encoded prompt `ids` with `media`: pads are the ids equal
+/// to the image or video pad token anywhere in the prompt (so pads typed in the state count, and
+/// fail as the reference fails: 422 with its message).
+pub fn positions(
+    ids: &[u32],
+    tokens: &MediaTokens,
+    media: &PreparedMedia,
+) -> Result<[Vec<u32>; 3], ApiError> {
+    let types: Vec<u8> = ids
+        .iter()
+        .map(|&id| match id {
+            id if id == tokens.image_pad => clef_vision::prompt::IMAGE,
+            id if id == tokens.video_pad => clef_vision::prompt::VIDEO,
+            _ => clef_vision::prompt::TEXT,
+        })
+        .collect();
+    mrope_positions(&types, &media.image_grids, &media.video_grids)
+        .map_err(|e| at(&["state".into()], e.to_string()))
+}
+
+/// The checkpoint's vision tower in f32, or `None` when it has none.
+pub fn load_tower(ckpt: &Checkpoint) -> Result<Option<VisionTower>, CheckpointError> {
+    let Some(config) = &ckpt.config.vision else {
+        return Ok(None);
+    };
+    let store = &ckpt.tensors;
+    let tensor = |name: &str| -> Result<(Vec<usize>, Vec<f32>), CheckpointError> {
+        let full = format!("{VISION_PREFIX}{name}");
+        let info = store.info(&full).ok_or_else(|| CheckpointError::Tensor {
+            file: ckpt.dir.display().to_string(),
+            tensor: full.clone(),
+            msg: "missing".into(),
+        })?;
+        Ok((info.shape.clone(), store.read_f32(info, 0, info.elements())))
+    };
+    let linear = |name: &str| -> Result<Linear, CheckpointError> {
+        let (shape, weight) = tensor(&format!("{name}.weight"))?;
+        let (_, bias) = tensor(&format!("{name}.bias"))?;
+        let outputs = shape[0];
+        Ok(Linear {
+            inputs: weight.len() / outputs.max(1),
+            outputs,
+            weight,
+            bias,
+        })
+    };
+    let norm = |name: &str| -> Result<LayerNorm, CheckpointError> {
+        Ok(LayerNorm {
+            weight: tensor(&format!("{name}.weight"))?.1,
+            bias: tensor(&format!("{name}.bias"))?.1,
+        })
+    };
+    let blocks = (0..config.depth)
+        .map(|i| {
+            let b = format!("blocks.{i}");
+            Ok(Block {
+                norm1: norm(&format!("{b}.norm1"))?,
+                qkv: linear(&format!("{b}.attn.qkv"))?,
+                proj: linear(&format!("{b}.attn.proj"))?,
+                norm2: norm(&format!("{b}.norm2"))?,
+                fc1: linear(&format!("{b}.mlp.linear_fc1"))?,
+                fc2: linear(&format!("{b}.mlp.linear_fc2"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, CheckpointError>>()?;
+    Ok(Some(VisionTower {
+        heads: config.num_heads,
+        // The Conv3d kernel [hidden, 3, 2, 16, 16] flattened is the patch row layout.
+        patch_embed: linear("patch_embed.proj")?,
+        pos_embed: tensor("pos_embed.weight")?.1,
+        blocks,
+        merger_norm: norm("merger.norm")?,
+        merger_fc1: linear("merger.linear_fc1")?,
+        merger_fc2: linear("merger.linear_fc2")?,
+    }))
+}

@@ -1,0 +1,286 @@
+//! Media requests through intake, `media::prepare`, the encoder and `media::positions`, against
+//! goldens-media: input ids (media block after `STATE:\n`), spans, token types and the 3-D M-RoPE
+//! positions exact on every case; `pixel_values` equal by SHA-256 where no JPEG is involved; the
+//! two error cases give the reference's messages; bad media give a 422 naming the index.
+
+mod common;
+
+use clef_tt::api::{parse_body, validate};
+use clef_tt::checkpoint::Checkpoint;
+use clef_tt::encode::{encode, EncodeError, LengthRule};
+use clef_tt::media::{load_tower, media_tokens, positions, prepare, MediaLimits};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn media_dir() -> std::path::PathBuf {
+    common::fixtures().join("tiny-clef/goldens-media")
+}
+
+fn jsonl(name: &str) -> Vec<Value> {
+    std::fs::read_to_string(media_dir().join(name))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sha256_f32(values: &[f32]) -> String {
+    let mut h = Sha256::new();
+    values.iter().for_each(|v| h.update(v.to_le_bytes()));
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
+}
+
+#[test]
+fn media_requests_encode_and_position_exactly_as_the_reference() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let tokenizer = ckpt.tokenizer().unwrap();
+    let tokens = media_tokens(&tokenizer).unwrap();
+    let tensors = common::read_tensors(&media_dir().join("tensors_media.safetensors"));
+    let requests = jsonl("requests.jsonl");
+    let tower = load_tower(&ckpt)
+        .unwrap()
+        .expect("the fixture has a vision tower");
+    let f32_tensors = common::read_tensors(&media_dir().join("tensors_f32.safetensors"));
+    let mut tower_cases = 0;
+    let mut ok_cases = 0;
+    for expected in jsonl("expected_f32.jsonl") {
+        let id = expected["id"].as_str().unwrap();
+        let request = requests.iter().find(|r| r["id"] == id).unwrap();
+        let body = parse_body(request["body"].as_str().unwrap().as_bytes()).unwrap();
+        let req = validate(&body, None).unwrap();
+        assert!(req.has_media, "{id}");
+        let media = prepare(
+            &tokenizer,
+            &req.images,
+            &req.videos,
+            &MediaLimits::default(),
+        )
+        .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let rule = LengthRule::Reference {
+            max_length: expected["max_length"].as_u64().unwrap() as usize,
+        };
+        let encoded = encode(&tokenizer, &req, &media.block.ids, rule);
+        let want_error = expected["error"]["message"].as_str();
+        let record = match (encoded, want_error) {
+            (Err(EncodeError::Api(e)), Some(msg)) => {
+                assert!(e.msg.contains(msg), "{id}: {} vs {msg}", e.msg);
+                continue;
+            }
+            (Ok(record), _) => record,
+            (Err(e), _) => panic!("{id}: {e}"),
+        };
+        let placed = positions(&record.input_ids, &tokens, &media);
+        if let Some(msg) = want_error {
+            let e = placed.expect_err(id);
+            assert_eq!(e.msg, msg, "{id}");
+            assert_eq!(e.status, 422);
+            assert_eq!(
+                record.input_ids.len() as u64,
+                expected["encoded_input_tokens"].as_u64().unwrap()
+            );
+            continue;
+        }
+        let placed = placed.unwrap();
+        let want_ids: Vec<u32> = ints(&expected["input_ids"])
+            .iter()
+            .map(|&v| v as u32)
+            .collect();
+        assert_eq!(record.input_ids, want_ids, "{id}: input ids");
+        // Spans.
+        for (q, want) in record
+            .questions
+            .iter()
+            .zip(expected["questions"].as_array().unwrap())
+        {
+            let span = ints(&want["question_span"]);
+            assert_eq!(
+                (q.span.0 as i64, q.span.1 as i64),
+                (span[0], span[1]),
+                "{id}"
+            );
+            let options: Vec<Vec<i64>> = want["option_spans"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(ints)
+                .collect();
+            let ours: Vec<Vec<i64>> = q
+                .option_spans
+                .iter()
+                .map(|s| vec![s.0 as i64, s.1 as i64])
+                .collect();
+            assert_eq!(ours, options, "{id}");
+        }
+        // Token types: the block's, placed after the prefix.
+        let m = &expected["media"];
+        let offset = m["token_offset"].as_u64().unwrap() as usize;
+        assert_eq!(
+            media.block.ids.len() as u64,
+            m["media_tokens"].as_u64().unwrap(),
+            "{id}"
+        );
+        let mut types = vec![0f32; record.input_ids.len()];
+        for (k, &t) in media.block.types.iter().enumerate() {
+            types[offset + k] = f32::from(t);
+        }
+        assert_eq!(
+            types,
+            tensors[&format!("{id}.mm_token_type_ids")].1,
+            "{id}: token types"
+        );
+        // Positions and the rope delta.
+        let (_, want_positions) = &tensors[&format!("{id}.position_ids")];
+        let ours: Vec<f32> = placed.iter().flatten().map(|&p| p as f32).collect();
+        assert_eq!(&ours, want_positions, "{id}: positions");
+        let max = placed.iter().flatten().copied().max().unwrap() as i64;
+        assert_eq!(
+            max + 1 - record.input_ids.len() as i64,
+            m["rope_delta"].as_i64().unwrap(),
+            "{id}"
+        );
+        // Pixels and the vision tower, where no JPEG decoder difference can enter.
+        let has_jpeg = request["media_inputs"].to_string().contains("JPEG");
+        if !has_jpeg {
+            tower_cases += check_tower(&tower, &f32_tensors, id, &media);
+            if let Some(sha) = m["pixel_values_sha256"].as_str() {
+                assert_eq!(sha256_f32(&media.pixel_values), sha, "{id}: pixel_values");
+            }
+            if let Some(sha) = m["pixel_values_videos_sha256"].as_str() {
+                assert_eq!(
+                    sha256_f32(&media.pixel_values_videos),
+                    sha,
+                    "{id}: pixel_values_videos"
+                );
+            }
+        }
+        ok_cases += 1;
+    }
+    assert_eq!(ok_cases, 14);
+    assert!(
+        tower_cases >= 8,
+        "the tower was checked on {tower_cases} cases"
+    );
+}
+
+/// The tower on our pixel rows against the f32 run: `vision_hidden` within 1e-4 and the merger
+/// output (the spliced embeddings) within 1e-5 (README §5). Returns 1 when something was checked.
+fn check_tower(
+    tower: &clef_vision::VisionTower,
+    reference: &std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
+    id: &str,
+    media: &clef_tt::media::PreparedMedia,
+) -> usize {
+    let mut checked = 0;
+    for (kind, rows, grids) in [
+        ("images", &media.pixel_values, &media.image_grids),
+        ("videos", &media.pixel_values_videos, &media.video_grids),
+    ] {
+        if grids.is_empty() {
+            continue;
+        }
+        let hidden = tower.hidden(rows, grids);
+        if let Some((_, want)) = reference.get(&format!("{id}.vision_hidden.{kind}")) {
+            let worst = hidden
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert_eq!(hidden.len(), want.len(), "{id} {kind}");
+            assert!(worst <= 1e-4, "{id} {kind}: vision_hidden off by {worst}");
+        }
+        let embeds = tower.merge(&hidden);
+        let name = if kind == "images" {
+            "image_embeds"
+        } else {
+            "video_embeds"
+        };
+        let (_, want) = &reference[&format!("{id}.{name}")];
+        assert_eq!(embeds.len(), want.len(), "{id} {name}");
+        let worst = embeds
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "{id} {name} off by {worst}");
+        eprintln!("{id} {name}: max abs diff {worst:.2e}");
+        checked = 1;
+    }
+    checked
+}
+
+#[test]
+fn bad_media_are_422_naming_the_index() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let tokenizer = ckpt.tokenizer().unwrap();
+    let limits = MediaLimits::default();
+    let png = {
+        let requests = jsonl("requests.jsonl");
+        let body: Value = serde_json::from_str(requests[0]["body"].as_str().unwrap()).unwrap();
+        body["images"][0].as_str().unwrap().to_string()
+    };
+    let loc = |images: &[&str], videos: &[Vec<&str>]| {
+        let images: Vec<String> = images.iter().map(|s| s.to_string()).collect();
+        let videos: Vec<Vec<String>> = videos
+            .iter()
+            .map(|v| v.iter().map(|s| s.to_string()).collect())
+            .collect();
+        let e = prepare(&tokenizer, &images, &videos, &limits).unwrap_err();
+        assert_eq!(e.status, 422, "{e}");
+        (serde_json::to_string(&e.loc).unwrap(), e.msg)
+    };
+    let (l, msg) = loc(&[&png, "not base64!"], &[]);
+    assert_eq!(l, r#"["body","images",1]"#);
+    assert!(msg.contains("base64"), "{msg}");
+    let (l, msg) = loc(&["aGVsbG8="], &[]);
+    assert_eq!(l, r#"["body","images",0]"#);
+    assert!(msg.contains("not a PNG, JPEG or WebP"), "{msg}");
+    // Truncated: the first half of a real PNG.
+    let bytes = clef_vision::decode_media_string(&png).unwrap();
+    let half = base64_encode(&bytes[..bytes.len() / 2]);
+    assert_eq!(loc(&[&half], &[]).0, r#"["body","images",0]"#);
+    let five = vec![png.as_str(); 5];
+    assert_eq!(loc(&five, &[]).0, r#"["body","images"]"#);
+    // Frames of different sizes.
+    let other = {
+        let requests = jsonl("requests.jsonl");
+        let r = requests
+            .iter()
+            .find(|r| r["id"] == "img_333x217_gradient_shapes")
+            .unwrap();
+        let body: Value = serde_json::from_str(r["body"].as_str().unwrap()).unwrap();
+        body["images"][0].as_str().unwrap().to_string()
+    };
+    let (l, msg) = loc(&[], &[vec![&png, &other]]);
+    assert_eq!(l, r#"["body","videos",0,1]"#);
+    assert!(msg.contains("frames are"), "{msg}");
+    assert_eq!(loc(&[], &[vec![]]).0, r#"["body","videos",0]"#);
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
