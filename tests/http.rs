@@ -127,13 +127,19 @@ fn validation_and_transport_errors_are_4xx_with_detail() {
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["truncated"], true);
-    // Unknown route; media not supported yet.
+    // Unknown route; an image that is not one names its index.
     assert_eq!(get(&base, "/v2/nothing").0, 404);
     let media =
         r#"{"model":"m","state":"s","images":["aGVsbG8="],"questions":{"q":{"type":"noul"}}}"#;
     let (status, _, text) = post(&base, media.as_bytes(), &[]);
     assert_eq!(status, 422);
-    assert!(text.contains("not supported"), "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v["detail"][0]["loc"],
+        json!(["body", "images", 0]),
+        "{text}"
+    );
+    assert!(text.contains("not a PNG, JPEG or WebP image"), "{text}");
 }
 
 #[test]

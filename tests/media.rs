@@ -5,12 +5,17 @@
 
 mod common;
 
+use clef_device::cpu::CpuMesh;
+use clef_device::{MeshShape, WeightFormat};
 use clef_tt::api::{parse_body, validate};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::{encode, EncodeError, LengthRule};
+use clef_tt::engine::prefix_cache::{CacheUse, PrefixCacheConfig, PrefixCacheStats};
+use clef_tt::engine::Pipeline;
 use clef_tt::media::{load_tower, media_tokens, positions, prepare, MediaLimits};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 fn media_dir() -> std::path::PathBuf {
     common::fixtures().join("tiny-clef/goldens-media")
@@ -283,4 +288,129 @@ fn base64_encode(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+fn pipeline() -> Pipeline<CpuMesh> {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap()
+}
+
+fn body_of(id: &str) -> String {
+    let requests = jsonl("requests.jsonl");
+    let r = requests.iter().find(|r| r["id"] == id).unwrap();
+    r["body"].as_str().unwrap().to_string()
+}
+
+/// Every media golden answered end to end (media → tower → backbone with spliced rows and
+/// M-RoPE positions → head): probabilities within 1e-5 of the f32 run (2e-2 with a JPEG, whose
+/// decoders differ), choices equal, `input_tokens` equal; the error cases give the reference's
+/// messages as 422s.
+#[test]
+fn media_goldens_are_answered_end_to_end() {
+    let pipeline = pipeline();
+    let requests = jsonl("requests.jsonl");
+    let mut answered = 0;
+    for expected in jsonl("expected_f32.jsonl") {
+        let id = expected["id"].as_str().unwrap();
+        let request = requests.iter().find(|r| r["id"] == id).unwrap();
+        let rule = LengthRule::Reference {
+            max_length: expected["max_length"].as_u64().unwrap() as usize,
+        };
+        let result = pipeline.decide_body(request["body"].as_str().unwrap().as_bytes(), rule, None);
+        if let Some(msg) = expected["error"]["message"].as_str() {
+            let e = result.expect_err(id);
+            assert_eq!(e.status, 422, "{id}");
+            assert!(e.msg.contains(msg), "{id}: {}", e.msg);
+            continue;
+        }
+        let decision = result.unwrap_or_else(|e| panic!("{id}: {e}"));
+        let jpeg = request["media_inputs"].to_string().contains("JPEG");
+        let tolerance = if jpeg { 2e-2 } else { 1e-5 };
+        assert_eq!(
+            decision.response["usage"]["input_tokens"], expected["input_tokens"],
+            "{id}"
+        );
+        for (q, want) in decision
+            .probabilities
+            .iter()
+            .zip(expected["questions"].as_array().unwrap())
+        {
+            let want: Vec<f64> = want["probabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            for (a, b) in q.iter().zip(&want) {
+                assert!(
+                    (f64::from(*a) - b).abs() <= tolerance,
+                    "{id}: {q:?} vs {want:?}"
+                );
+            }
+        }
+        for (key, answer) in expected["response"]["answers"].as_object().unwrap() {
+            if answer["type"] == "choice" && !jpeg {
+                assert_eq!(
+                    decision.response["answers"][key]["choice"], answer["choice"],
+                    "{id}"
+                );
+            }
+        }
+        answered += 1;
+    }
+    assert_eq!(answered, 14);
+}
+
+/// The prefix cache key holds the media: the same request hits, the same text with another
+/// image misses, and a hit answers exactly as its miss.
+#[test]
+fn the_prefix_cache_tells_media_apart() {
+    let stats = Arc::new(PrefixCacheStats::default());
+    let pipeline = pipeline().with_prefix_cache(
+        PrefixCacheConfig {
+            slots: 4,
+            ..Default::default()
+        },
+        stats,
+    );
+    let rule = LengthRule::Server {
+        max_state: 16384,
+        max_tail: 4096,
+        truncate: false,
+    };
+    // A state long enough that the state piece passes 128 tokens whatever the image.
+    let mut body: Value = serde_json::from_str(&body_of("img_wide_1024x96_text")).unwrap();
+    body["state"] = Value::from("The banner in the image announces a sale. ".repeat(20));
+    let wide = body.to_string();
+    let first = pipeline.decide_body(wide.as_bytes(), rule, None).unwrap();
+    assert_eq!(first.cache, CacheUse::Miss);
+    let again = pipeline.decide_body(wide.as_bytes(), rule, None).unwrap();
+    assert_eq!(again.cache, CacheUse::Hit);
+    assert_eq!(again.probabilities, first.probabilities);
+    // Same text, another image (81 tokens: the state piece still passes 128).
+    let other: Value = serde_json::from_str(&body_of("img_grayscale_L")).unwrap();
+    body["images"][0] = other["images"][0].clone();
+    let swapped = pipeline
+        .decide_body(body.to_string().as_bytes(), rule, None)
+        .unwrap();
+    assert_eq!(swapped.cache, CacheUse::Miss);
+}
+
+/// A media golden over HTTP answers as the library does (`usage.input_tokens` counting the
+/// expanded media tokens), and a text-only request may carry `<|image_pad|>` as ordinary text.
+#[test]
+fn media_requests_over_http_equal_the_library() {
+    use common::server::{post, settings, start, strip_latency, RULE};
+    let base = start(settings(), 1, 8);
+    let body = body_of("img_tiny_20x20");
+    let (status, _, text) = post(&base, body.as_bytes(), &[]);
+    assert_eq!(status, 200, "{text}");
+    let library = pipeline().decide_body(body.as_bytes(), RULE, None).unwrap();
+    assert_eq!(
+        strip_latency(&text),
+        strip_latency(&library.response.to_string())
+    );
+    assert_eq!(library.response["usage"]["input_tokens"], 221);
+    let text_only = r#"{"model":"m","state":"a literal <|image_pad|> in text","questions":{"q":{"type":"noul","instructions":"Ok?"}}}"#;
+    assert_eq!(post(&base, text_only.as_bytes(), &[]).0, 200);
 }

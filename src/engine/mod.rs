@@ -1,5 +1,7 @@
-//! The decision pipeline of one worker: a validated request → encoded record → backbone
-//! prefill on the mesh → joint head on the host → the reference's response.
+//! The decision pipeline of one worker: a validated request → (media decoded, resized and run
+//! through the vision tower) → encoded record → backbone prefill on the mesh (vision rows
+//! spliced at the pad positions, M-RoPE positions) → joint head on the host → the reference's
+//! response.
 //! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
 //! state prefixes a worker has seen recently.
 
@@ -12,11 +14,14 @@ use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadMemory, HeadQuestion, JointHead};
-use clef_device::{MeshOps, WeightFormat};
+use crate::media::{load_tower, media_tokens, positions, prepare, MediaLimits, PreparedMedia};
+use clef_device::{HostTensor, MeshOps, WeightFormat};
+use clef_vision::VisionTower;
 use prefix_cache::{
     boundary, CacheKey, CacheUse, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixSlot,
 };
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -67,6 +72,21 @@ pub struct Pipeline<B: MeshOps> {
     hidden: usize,
     cache: Mutex<Cache<B>>,
     fault: Option<FaultSwitch>,
+    /// The checkpoint's vision tower (host f32); `None`: media requests are refused.
+    tower: Option<VisionTower>,
+    media_limits: MediaLimits,
+}
+
+/// What a media prompt adds to its token ids: the rows that replace the pad embeddings, in
+/// prompt order, the 3-D positions of every token and a digest of the decoded pixels (part of
+/// the prefix cache key).
+struct VisionInput {
+    /// Prompt index of each pad, images' first, in the order the rows come.
+    pads: Vec<usize>,
+    /// `[pads, hidden]`.
+    rows: Vec<f32>,
+    positions: [Vec<u32>; 3],
+    digest: Vec<u8>,
 }
 
 /// A switch for fault-injection tests: a request it matches makes the pipeline panic after the
@@ -119,6 +139,8 @@ impl<B: MeshOps> Pipeline<B> {
                 Arc::default(),
             )),
             fault: None,
+            tower: load_tower(ckpt)?,
+            media_limits: MediaLimits::default(),
         })
     }
 
@@ -199,13 +221,6 @@ impl<B: MeshOps> Pipeline<B> {
         rule: LengthRule,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Decision, ApiError> {
-        if req.has_media {
-            return Err(ApiError::invalid(
-                &["images"],
-                "images and videos are not supported by this server yet",
-                "value_error",
-            ));
-        }
         let rule = match rule {
             LengthRule::Server {
                 max_state,
@@ -218,12 +233,22 @@ impl<B: MeshOps> Pipeline<B> {
             },
             r => r,
         };
-        let record = encode(&self.tokenizer, req, &[], rule).map_err(|e| match e {
+        let started = Instant::now();
+        let media = if req.has_media {
+            Some(self.prepare_media(req)?)
+        } else {
+            None
+        };
+        let media_ids = media.as_ref().map_or(&[][..], |m| &m.block.ids[..]);
+        let record = encode(&self.tokenizer, req, media_ids, rule).map_err(|e| match e {
             EncodeError::Api(a) => a,
             EncodeError::Tokenizer(m) => ApiError::internal(format!("tokenizer: {m}")),
         })?;
-        let started = Instant::now();
-        let rows = self.run_model(&record, cancelled)?;
+        let vision = match &media {
+            Some(m) => Some(self.vision_input(&record, m)?),
+            None => None,
+        };
+        let rows = self.run_model(&record, vision.as_ref(), cancelled)?;
         if self.fault.as_ref().is_some_and(|matches| matches(req)) {
             std::panic::panic_any(INJECTED_FAULT);
         }
@@ -258,13 +283,83 @@ impl<B: MeshOps> Pipeline<B> {
         })
     }
 
+    /// Decode, check, resize and patch the request's media (422s name the index).
+    fn prepare_media(&self, req: &SystemOneRequest) -> Result<PreparedMedia, ApiError> {
+        if self.tower.is_none() {
+            return Err(ApiError::invalid(
+                &["images"],
+                "this model has no vision tower: images and videos are not supported",
+                "value_error",
+            ));
+        }
+        prepare(
+            &self.tokenizer,
+            &req.images,
+            &req.videos,
+            &self.media_limits,
+        )
+    }
+
+    /// The vision rows and positions of an encoded media prompt. Pads typed in the state fail
+    /// here as the reference fails (422 with its message).
+    fn vision_input(
+        &self,
+        record: &EncodedRecord,
+        media: &PreparedMedia,
+    ) -> Result<VisionInput, ApiError> {
+        let tokens = media_tokens(&self.tokenizer)?;
+        let positions = positions(&record.input_ids, &tokens, media)?;
+        let tower = self
+            .tower
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("media without a vision tower"))?;
+        let mut rows = Vec::new();
+        if !media.image_grids.is_empty() {
+            rows.extend(tower.embed(&media.pixel_values, &media.image_grids));
+        }
+        if !media.video_grids.is_empty() {
+            rows.extend(tower.embed(&media.pixel_values_videos, &media.video_grids));
+        }
+        let pads_of = |pad: u32| {
+            record
+                .input_ids
+                .iter()
+                .enumerate()
+                .filter(move |(_, &id)| id == pad)
+                .map(|(i, _)| i)
+        };
+        let pads: Vec<usize> = pads_of(tokens.image_pad)
+            .chain(pads_of(tokens.video_pad))
+            .collect();
+        if rows.len() != pads.len() * self.hidden {
+            return Err(ApiError::internal(format!(
+                "the vision tower gave {} rows of {} for {} pads",
+                rows.len() / self.hidden.max(1),
+                self.hidden,
+                pads.len()
+            )));
+        }
+        let mut digest = Sha256::new();
+        for v in media.pixel_values.iter().chain(&media.pixel_values_videos) {
+            digest.update(v.to_le_bytes());
+        }
+        Ok(VisionInput {
+            pads,
+            rows,
+            positions,
+            digest: digest.finalize().to_vec(),
+        })
+    }
+
     /// Backbone and head memory for a record. With the cache on and a state piece of at least
     /// one aligned block, the prompt runs as two passes, the prefix `[0, P)` and the tail
     /// `[P, T)`, whether the prefix is cached or not, so a hit computes exactly what its miss
-    /// did. The slot is kept only once its prefix pass finished.
+    /// did. The slot is kept only once its prefix pass finished; its key holds the media
+    /// digest, so the same text with other pixels is another prefix.
     fn run_model(
         &self,
         record: &EncodedRecord,
+        vision: Option<&VisionInput>,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<ModelRows, ApiError> {
         let ids = &record.input_ids;
@@ -274,7 +369,7 @@ impl<B: MeshOps> Pipeline<B> {
             _ => boundary(record.state_end, PREFILL_CHUNK, config.planner),
         };
         let Some(p) = cut.filter(|&p| p < ids.len()) else {
-            let (hidden, _) = self.chunked_prefill(ids, None, cancelled)?;
+            let (hidden, _) = self.chunked_prefill(ids, vision, 0..ids.len(), None, cancelled)?;
             let memory = self.head.memory(&hidden, ids.len());
             let cache = match config.slots {
                 0 => CacheUse::Off,
@@ -287,12 +382,15 @@ impl<B: MeshOps> Pipeline<B> {
                 cache,
             });
         };
-        let key = CacheKey::text(&ids[..p]);
+        let key = CacheKey {
+            media: vision.map_or_else(Vec::new, |v| v.digest.clone()),
+            ids: ids[..p].to_vec(),
+        };
         let found = self.lock_cache().lookup(&key);
         let (slot, cache) = match found {
             Some(slot) => (slot, CacheUse::Hit),
             None => {
-                let (hidden, state) = self.chunked_prefill(&ids[..p], None, cancelled)?;
+                let (hidden, state) = self.chunked_prefill(ids, vision, 0..p, None, cancelled)?;
                 let memory = self.head.memory(&hidden, p);
                 let bytes = self.backbone.state_bytes(&state) + memory.bytes();
                 let slot = PrefixSlot {
@@ -304,7 +402,8 @@ impl<B: MeshOps> Pipeline<B> {
                 (self.lock_cache().insert(slot), CacheUse::Miss)
             }
         };
-        let (hidden, _) = self.chunked_prefill(&ids[p..], Some(&slot.state), cancelled)?;
+        let (hidden, _) =
+            self.chunked_prefill(ids, vision, p..ids.len(), Some(&slot.state), cancelled)?;
         let memory = slot
             .memory
             .clone()
@@ -317,19 +416,27 @@ impl<B: MeshOps> Pipeline<B> {
         })
     }
 
-    /// The prefill of `ids` (at least one) in chunks of [`PREFILL_CHUNK`] tokens, the first
-    /// continuing `start`, each next one the state of the one before, checking `cancelled`
-    /// between chunks. Returns the final rows `[ids, hidden]` and the state after the last id.
+    /// The prefill of prompt positions `range` of `ids` (at least one) in chunks of
+    /// [`PREFILL_CHUNK`] tokens, the first continuing `start`, each next one the state of the
+    /// one before, checking `cancelled` between chunks. Token embeddings come from the table,
+    /// except at media pads, which take the vision rows; positions are the text positions, or
+    /// the media prompt's M-RoPE positions. Returns the final rows `[range, hidden]` and the
+    /// state after the last id.
     fn chunked_prefill(
         &self,
         ids: &[u32],
+        vision: Option<&VisionInput>,
+        range: std::ops::Range<usize>,
         start: Option<&PrefillState<B::Tensor>>,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<(Vec<f32>, PrefillState<B::Tensor>), ApiError> {
         let fail = |e: crate::backbone::PrefillError| ApiError::internal(format!("prefill: {e}"));
+        let h = self.hidden;
         let mut state: Option<PrefillState<B::Tensor>> = None;
-        let mut rows: Vec<f32> = Vec::with_capacity(ids.len() * self.hidden);
-        for chunk in ids.chunks(PREFILL_CHUNK) {
+        let mut rows: Vec<f32> = Vec::with_capacity(range.len() * h);
+        let mut from = range.start;
+        while from < range.end {
+            let to = (from + PREFILL_CHUNK).min(range.end);
             if cancelled() {
                 return Err(ApiError {
                     status: 499,
@@ -338,12 +445,29 @@ impl<B: MeshOps> Pipeline<B> {
                     kind: "cancelled".into(),
                 });
             }
+            let mut embedded: HostTensor = self.backbone.embed(&ids[from..to]).map_err(fail)?;
+            let positions: Vec<[u32; 3]> = match vision {
+                None => Backbone::<B>::text_positions(from, to - from),
+                Some(v) => {
+                    for (k, &at) in v.pads.iter().enumerate() {
+                        if (from..to).contains(&at) {
+                            let row = at - from;
+                            embedded.data[row * h..(row + 1) * h]
+                                .copy_from_slice(&v.rows[k * h..(k + 1) * h]);
+                        }
+                    }
+                    (from..to)
+                        .map(|i| [v.positions[0][i], v.positions[1][i], v.positions[2][i]])
+                        .collect()
+                }
+            };
             let (hidden, next) = self
                 .backbone
-                .prefill(chunk, state.as_ref().or(start))
+                .prefill_embedded(&embedded, &positions, state.as_ref().or(start), None)
                 .map_err(fail)?;
             rows.extend_from_slice(&hidden.data);
             state = Some(next);
+            from = to;
         }
         let state = state.ok_or_else(|| ApiError::internal("prefill of an empty prompt"))?;
         Ok((rows, state))
