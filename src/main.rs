@@ -140,6 +140,42 @@ impl LengthArgs {
     }
 }
 
+/// Bounds on images and videos (README, "Configuration").
+#[derive(clap::Args)]
+struct MediaArgs {
+    /// Images per request.
+    #[arg(long, env = "CLEF_MAX_IMAGES", default_value_t = 4)]
+    max_images: usize,
+    /// Base64-decoded bytes of one image or video frame (e.g. 4MiB).
+    #[arg(long, env = "CLEF_MAX_IMAGE_BYTES", value_parser = parse_bytes, default_value = "4MiB")]
+    max_image_bytes: usize,
+    /// Pixels of one decoded image or frame.
+    #[arg(long, env = "CLEF_MAX_IMAGE_PIXELS", default_value_t = 16 << 20)]
+    max_image_pixels: u64,
+    /// Base64-decoded bytes of all images and frames of a request.
+    #[arg(long, env = "CLEF_MAX_MEDIA_BYTES", value_parser = parse_bytes, default_value = "8MiB")]
+    max_media_bytes: usize,
+    /// Videos per request.
+    #[arg(long, env = "CLEF_MAX_VIDEOS", default_value_t = 4)]
+    max_videos: usize,
+    /// Frames per video.
+    #[arg(long, env = "CLEF_MAX_VIDEO_FRAMES", default_value_t = 32)]
+    max_video_frames: usize,
+}
+
+impl MediaArgs {
+    fn limits(&self) -> clef_tt::media::MediaLimits {
+        clef_tt::media::MediaLimits {
+            max_images: self.max_images,
+            max_image_bytes: self.max_image_bytes,
+            max_image_pixels: self.max_image_pixels,
+            max_total_bytes: self.max_media_bytes,
+            max_videos: self.max_videos,
+            max_frames: self.max_video_frames,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     #[command(flatten)]
@@ -156,6 +192,8 @@ struct ServeArgs {
     max_queue: usize,
     #[command(flatten)]
     limits: LengthArgs,
+    #[command(flatten)]
+    media: MediaArgs,
     /// Require `Authorization: Bearer <key>` on everything but /health.
     #[arg(long, env = "CLEF_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -446,6 +484,7 @@ fn main() -> anyhow::Result<()> {
                 strict: a.strict,
                 max_body_bytes: a.max_body_bytes,
                 demo: a.demo,
+                media_limits: a.media.limits(),
                 tensor_cache: a.tensor_cache,
                 prefix_cache: cli::serve::PrefixCacheOptions {
                     slots: a.prefix_cache,

@@ -273,6 +273,34 @@ fn sigterm_under_load_finishes_what_was_accepted_and_refuses_new_requests() {
 }
 
 #[test]
+fn media_limits_are_configurable_and_shown_in_the_card() {
+    let (_child, base, agent) = spawn_server(&["--warmup", "0"], &[("CLEF_MAX_IMAGES", "1")]);
+    let mut r = agent.get(&format!("{base}/v1/models")).call().unwrap();
+    let card: serde_json::Value =
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let media = &card["models"][0]["limits"]["media"];
+    assert_eq!(media["enabled"], true);
+    assert_eq!(media["max_images"], 1);
+    assert_eq!(media["max_video_frames"], 32);
+    let requests =
+        std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens-media/requests.jsonl"))
+            .unwrap();
+    let two = requests
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["id"] == "img_two_same_size")
+        .unwrap();
+    let mut r = agent
+        .post(&format!("{base}/v1/systemone"))
+        .header("content-type", "application/json")
+        .send(two["body"].as_str().unwrap().as_bytes())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let text = r.body_mut().read_to_string().unwrap();
+    assert!(text.contains("at most 1 are allowed"), "{text}");
+}
+
+#[test]
 fn decide_url_prints_what_the_local_mode_prints() {
     let (server, base, _) = spawn_server(&[], &[("CLEF_API_KEY", "sesame")]);
     let dir = std::env::temp_dir().join(format!("clef-tt-decide-url-{}", std::process::id()));

@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// Serve the browser demo page at `/`.
     pub demo: bool,
+    /// Bounds on images and videos.
+    pub media_limits: clef_tt::media::MediaLimits,
     pub prefix_cache: PrefixCacheOptions,
     pub tensor_cache: Option<std::path::PathBuf>,
 }
@@ -108,6 +110,16 @@ fn plan_prefix_cache(o: &ServeOptions, slot_bytes_at: impl Fn(usize) -> usize) -
 /// A tiny request each worker answers before it counts as ready.
 const WARMUP: &str = r#"{"model":"warmup","state":"warm-up","questions":{"ok":{"type":"noul","instructions":"Is the server ready?"}}}"#;
 
+/// The media part of the card's limits: whether media are on (the checkpoint has a vision
+/// tower) and their bounds.
+fn media_card(m: &clef_tt::media::MediaLimits, on: bool) -> serde_json::Value {
+    serde_json::json!({
+        "enabled": on, "max_images": m.max_images, "max_image_bytes": m.max_image_bytes,
+        "max_image_pixels": m.max_image_pixels, "max_media_bytes": m.max_total_bytes,
+        "max_videos": m.max_videos, "max_video_frames": m.max_frames,
+    })
+}
+
 fn card(
     o: &ServeOptions,
     ckpt: &Checkpoint,
@@ -156,7 +168,7 @@ fn card(
             "max_body_bytes": o.max_body_bytes, "max_questions": limits.max_questions,
             "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
             "max_id_chars": limits.max_id_chars, "strict": limits.strict,
-            "images": false
+            "media": media_card(&o.media_limits, ckpt.config.vision.is_some()),
         },
         "prefix_cache": {
             "slots_per_worker": cache.config.slots,
@@ -230,7 +242,11 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         );
         let plan = cache_plan
             .get_or_insert_with(|| plan_prefix_cache(&o, |p| pipeline.prefix_slot_bytes(p)));
-        pipelines.push(pipeline.with_prefix_cache(plan.config, cache_stats.clone()));
+        pipelines.push(
+            pipeline
+                .with_prefix_cache(plan.config, cache_stats.clone())
+                .with_media_limits(o.media_limits.clone()),
+        );
     }
     let cache_plan = cache_plan.ok_or_else(|| anyhow::anyhow!("no workers"))?;
     tracing::info!(
@@ -331,6 +347,7 @@ mod tests {
             strict: false,
             max_body_bytes: 1 << 20,
             demo: false,
+            media_limits: Default::default(),
             prefix_cache: PrefixCacheOptions {
                 slots,
                 max_bytes,

@@ -144,6 +144,14 @@ impl<B: MeshOps> Pipeline<B> {
         })
     }
 
+    /// Bound images and videos by `limits` (default: [`MediaLimits::default`]).
+    pub fn with_media_limits(self, limits: MediaLimits) -> Self {
+        Pipeline {
+            media_limits: limits,
+            ..self
+        }
+    }
+
     /// Panic on the requests `switch` matches (fault-injection tests only).
     #[doc(hidden)]
     pub fn with_fault_switch(self, switch: FaultSwitch) -> Self {
