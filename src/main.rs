@@ -309,6 +309,14 @@ enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The Clef-27B vision tower (random weights) per image on the CPU, host f32.
+    Vision {
+        /// Image sizes, width x height (multiples of 32).
+        #[arg(long, value_delimiter = ',', default_value = "448x448,1344x1344")]
+        sizes: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+    },
     /// Joint head time at Clef-27B width (random weights), 6 questions of 2-5 options.
     Head {
         /// Memory rows (prompt tokens).
@@ -642,6 +650,25 @@ fn main() -> anyhow::Result<()> {
                         .with_context(|| format!("writing {}", path.display()))?;
                 }
                 print!("{}", cli::bench_http::markdown(&report));
+            }
+            BenchCommand::Vision { sizes, repeat } => {
+                let sizes = sizes
+                    .iter()
+                    .map(|s| {
+                        let (w, h) = s
+                            .split_once('x')
+                            .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+                            .filter(|&(w, h): &(usize, usize)| {
+                                w % 32 == 0 && h % 32 == 0 && w > 0 && h > 0
+                            })
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("{s:?} is not WIDTHxHEIGHT in multiples of 32")
+                            })?;
+                        Ok((w, h))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let rows = cli::bench::vision(&sizes, repeat);
+                print!("{}", cli::bench::vision_table(&rows));
             }
             BenchCommand::Head { rows, repeat } => {
                 let rows = cli::bench::head(&rows, repeat)?;

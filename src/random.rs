@@ -398,3 +398,54 @@ pub fn make_random(
     }
     Ok(())
 }
+
+/// The Clef-27B vision tower (depth 27, hidden 1152, 16 heads, MLP 4304, out 5120, a 48 x 48
+/// position table) with uniform random weights (std 0.02, LayerNorms at 1 and 0), for
+/// `clef-tt bench vision`.
+pub fn random_vision_tower(seed: u64) -> clef_vision::VisionTower {
+    use clef_vision::tower::{Block, LayerNorm, Linear};
+    let (hidden, mlp, out, merged) = (1152, 4304, 5120, 1152 * 4);
+    let mut state = seed;
+    let mut values = |n: usize| -> Vec<f32> {
+        let half_width = 0.02 * 3f32.sqrt();
+        (0..n)
+            .map(|_| {
+                ((splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * half_width
+            })
+            .collect()
+    };
+    let mut linear = |inputs: usize, outputs: usize| {
+        let weight = values(inputs * outputs);
+        Linear::new(&weight, values(outputs), outputs)
+    };
+    let norm = |n: usize| LayerNorm {
+        weight: vec![1.0; n],
+        bias: vec![0.0; n],
+    };
+    let patch_embed = linear(clef_vision::ROW_VALUES, hidden);
+    let blocks = (0..27)
+        .map(|_| Block {
+            norm1: norm(hidden),
+            qkv: linear(hidden, 3 * hidden),
+            proj: linear(hidden, hidden),
+            norm2: norm(hidden),
+            fc1: linear(hidden, mlp),
+            fc2: linear(mlp, hidden),
+        })
+        .collect();
+    let merger_fc1 = linear(merged, merged);
+    let merger_fc2 = linear(merged, out);
+    let mut state2 = seed ^ 0x5555;
+    let pos_embed = (0..48 * 48 * hidden)
+        .map(|_| ((splitmix(&mut state2) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04)
+        .collect();
+    clef_vision::VisionTower {
+        heads: 16,
+        patch_embed,
+        pos_embed,
+        blocks,
+        merger_norm: norm(hidden),
+        merger_fc1,
+        merger_fc2,
+    }
+}

@@ -230,3 +230,64 @@ pub fn head_table(rows: &[HeadRow], peak_gflops: Option<f64>) -> String {
     }
     s
 }
+
+/// One vision tower timing.
+pub struct VisionRow {
+    pub width: usize,
+    pub height: usize,
+    pub patches: usize,
+    pub tokens: usize,
+    pub ms: f64,
+}
+
+/// The Clef-27B vision tower (random weights) on one image of each `sizes` (width x height,
+/// multiples of 32), host f32 on the CPU; median of `repeats` after a warm-up.
+pub fn vision(sizes: &[(usize, usize)], repeats: usize) -> Vec<VisionRow> {
+    let t0 = Instant::now();
+    let tower = clef_tt::random::random_vision_tower(11);
+    eprintln!(
+        "  random tower ready in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    sizes
+        .iter()
+        .map(|&(width, height)| {
+            let grid = clef_vision::Grid {
+                t: 1,
+                h: height / clef_vision::PATCH,
+                w: width / clef_vision::PATCH,
+            };
+            let rows: Vec<f32> = (0..grid.patches() * clef_vision::ROW_VALUES)
+                .map(|i| ((i * 2_654_435_761usize) % 255) as f32 / 127.5 - 1.0)
+                .collect();
+            let mut times = Vec::new();
+            for _ in 0..repeats.max(1) + 1 {
+                let t = Instant::now();
+                let embeds = tower.embed(&rows, &[grid]);
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(embeds);
+            }
+            times.remove(0);
+            let row = VisionRow {
+                width,
+                height,
+                patches: grid.patches(),
+                tokens: grid.tokens(),
+                ms: median(times),
+            };
+            eprintln!("  {width}x{height}: {:.0} ms", row.ms);
+            row
+        })
+        .collect()
+}
+
+pub fn vision_table(rows: &[VisionRow]) -> String {
+    let mut s = String::from("| image | patches | tokens | vision tower ms |\n|---|---|---|---|\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {}x{} | {} | {} | {:.0} |\n",
+            r.width, r.height, r.patches, r.tokens, r.ms
+        ));
+    }
+    s
+}

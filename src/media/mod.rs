@@ -262,13 +262,7 @@ pub fn load_tower(ckpt: &Checkpoint) -> Result<Option<VisionTower>, CheckpointEr
     let linear = |name: &str| -> Result<Linear, CheckpointError> {
         let (shape, weight) = tensor(&format!("{name}.weight"))?;
         let (_, bias) = tensor(&format!("{name}.bias"))?;
-        let outputs = shape[0];
-        Ok(Linear {
-            inputs: weight.len() / outputs.max(1),
-            outputs,
-            weight,
-            bias,
-        })
+        Ok(Linear::new(&weight, bias, shape[0]))
     };
     let norm = |name: &str| -> Result<LayerNorm, CheckpointError> {
         Ok(LayerNorm {

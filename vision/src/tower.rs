@@ -3,37 +3,48 @@
 //! bilinearly (align_corners) to each grid and put in merge-block order, pre-LayerNorm blocks
 //! with 2-D rotary attention restricted to each image or frame pair and a tanh-GELU MLP, then
 //! the merger (LayerNorm, 2x2 patches concatenated, fc1, erf-GELU, fc2) giving one text-space
-//! embedding per merged token. This is the numerical reference for the device port (not yet
-//! written): plain loops with rayon over rows.
+//! embedding per merged token. Host f32: the projections use `clef-device`'s packed CPU matmul,
+//! attention runs per head in blocks of queries; the mesh port (a TP plan like the backbone's)
+//! is not written yet.
 
 use crate::preprocess::{Grid, MERGE, ROW_VALUES};
+use clef_device::cpu::matmul::{linear, small_matmul, PackedWeight};
 use rayon::prelude::*;
 
-/// `y = x·Wᵀ + b` with `W` `[out, in]`.
+/// `y = x·Wᵀ + b` with `W` `[out, in]`, packed once for the CPU matmul of `clef-device`.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    pub weight: Vec<f32>,
-    pub bias: Vec<f32>,
-    pub inputs: usize,
-    pub outputs: usize,
+    packed: PackedWeight,
+    bias: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
 }
 
 impl Linear {
+    /// From the checkpoint layout: `weight` `[outputs, inputs]` row-major, `bias` `[outputs]`.
+    pub fn new(weight: &[f32], bias: Vec<f32>, outputs: usize) -> Self {
+        let inputs = weight.len() / outputs.max(1);
+        Linear {
+            packed: PackedWeight::from_f32_rows(
+                |o| &weight[o * inputs..(o + 1) * inputs],
+                outputs,
+                inputs,
+            ),
+            bias,
+            inputs,
+            outputs,
+        }
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.outputs
+    }
+
     fn apply(&self, x: &[f32]) -> Vec<f32> {
         let rows = x.len() / self.inputs;
-        let mut y = vec![0.0f32; rows * self.outputs];
+        let mut y = linear(x, rows, &self.packed);
         y.par_chunks_mut(self.outputs)
-            .zip(x.par_chunks(self.inputs))
-            .for_each(|(out, xr)| {
-                for (o, (v, w)) in out
-                    .iter_mut()
-                    .zip(self.weight.chunks_exact(self.inputs))
-                    .enumerate()
-                {
-                    *v = xr.iter().zip(w).map(|(a, b)| a * b).sum::<f32>() + self.bias[o];
-                }
-            });
-        debug_assert_eq!(rows * self.inputs, x.len());
+            .for_each(|row| row.iter_mut().zip(&self.bias).for_each(|(v, b)| *v += b));
         y
     }
 }
@@ -161,7 +172,7 @@ fn patch_coordinates(grid: &Grid) -> Vec<(usize, usize)> {
 
 impl VisionTower {
     pub fn hidden_size(&self) -> usize {
-        self.patch_embed.outputs
+        self.patch_embed.outputs()
     }
 
     /// The learned positions resampled to `grid`, in merge-block order.
@@ -249,6 +260,8 @@ impl VisionTower {
         x
     }
 
+    /// Bidirectional attention of every head within each segment, 2-D rotary on q and k; each
+    /// head runs in blocks of queries (scores `[block, segment]`).
     fn attention(
         &self,
         block: &Block,
@@ -256,64 +269,86 @@ impl VisionTower {
         angles: &[f32],
         segments: &[std::ops::Range<usize>],
     ) -> Vec<f32> {
+        const QUERY_BLOCK: usize = 256;
         let d = self.hidden_size();
         let hd = d / self.heads;
-        let qkv = block.qkv.apply(h);
         let n = h.len() / d;
-        let rotate = |v: &[f32], a: &[f32]| -> Vec<f32> {
+        let qkv = block.qkv.apply(h);
+        let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+        // One head's q, k or v as [n, hd], rotated for q and k.
+        let split = |which: usize, head: usize, rotate: bool| -> Vec<f32> {
+            let mut out = vec![0.0f32; n * hd];
             let half = hd / 2;
-            (0..hd)
-                .map(|k| {
-                    let rotated = if k < half { -v[k + half] } else { v[k - half] };
-                    v[k] * a[k].cos() + rotated * a[k].sin()
-                })
-                .collect()
-        };
-        // q, k per head with rotary; v as is. Layout [n][3][heads][hd].
-        let vec_of = |i: usize, which: usize, head: usize| {
-            &qkv[i * 3 * d + which * d + head * hd..i * 3 * d + which * d + (head + 1) * hd]
+            for (i, row) in out.chunks_exact_mut(hd).enumerate() {
+                let src = &qkv[i * 3 * d + which * d + head * hd..][..hd];
+                if !rotate {
+                    row.copy_from_slice(src);
+                    continue;
+                }
+                for k in 0..hd {
+                    let turned = if k < half {
+                        -src[k + half]
+                    } else {
+                        src[k - half]
+                    };
+                    row[k] = src[k] * cos[i * hd + k] + turned * sin[i * hd + k];
+                }
+            }
+            out
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0.0f32; n * d];
-        for seg in segments {
-            let rows: Vec<usize> = seg.clone().collect();
-            let per_head: Vec<(usize, Vec<f32>)> = (0..self.heads)
-                .into_par_iter()
-                .map(|head| {
-                    let q: Vec<Vec<f32>> = rows
-                        .iter()
-                        .map(|&i| rotate(vec_of(i, 0, head), &angles[i * hd..(i + 1) * hd]))
-                        .collect();
-                    let k: Vec<Vec<f32>> = rows
-                        .iter()
-                        .map(|&i| rotate(vec_of(i, 1, head), &angles[i * hd..(i + 1) * hd]))
-                        .collect();
-                    let mut o = vec![0.0f32; rows.len() * hd];
-                    for (qi, qv) in q.iter().enumerate() {
-                        let scores: Vec<f32> = k
-                            .iter()
-                            .map(|kv| qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale)
-                            .collect();
-                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                        let total: f32 = e.iter().sum();
-                        for (kj, &i) in rows.iter().enumerate() {
-                            let w = e[kj] / total;
-                            let v = vec_of(i, 2, head);
-                            o[qi * hd..(qi + 1) * hd]
-                                .iter_mut()
-                                .zip(v)
-                                .for_each(|(a, b)| *a += w * b);
+        let heads: Vec<Vec<f32>> = (0..self.heads)
+            .into_par_iter()
+            .map(|head| {
+                let (q, k, v) = (
+                    split(0, head, true),
+                    split(1, head, true),
+                    split(2, head, false),
+                );
+                let mut o = vec![0.0f32; n * hd];
+                for seg in segments {
+                    let len = seg.len();
+                    let mut scores = vec![0.0f32; QUERY_BLOCK.min(len) * len];
+                    let mut q0 = seg.start;
+                    while q0 < seg.end {
+                        let m = QUERY_BLOCK.min(seg.end - q0);
+                        let s = &mut scores[..m * len];
+                        // q_block · kᵀ: k read column-wise (row stride 1, column stride hd).
+                        let (qb, ks) = (&q[q0 * hd..], &k[seg.start * hd..]);
+                        small_matmul(m, len, hd, s, false, qb, hd, 1, ks, 1, hd);
+                        for row in s.chunks_exact_mut(len) {
+                            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b * scale));
+                            let mut total = 0.0f32;
+                            for x in row.iter_mut() {
+                                *x = (*x * scale - max).exp();
+                                total += *x;
+                            }
+                            row.iter_mut().for_each(|x| *x /= total);
                         }
+                        let out = &mut o[q0 * hd..(q0 + m) * hd];
+                        small_matmul(
+                            m,
+                            hd,
+                            len,
+                            out,
+                            false,
+                            s,
+                            len,
+                            1,
+                            &v[seg.start * hd..],
+                            hd,
+                            1,
+                        );
+                        q0 += m;
                     }
-                    (head, o)
-                })
-                .collect();
-            for (head, o) in per_head {
-                for (qi, &i) in rows.iter().enumerate() {
-                    out[i * d + head * hd..i * d + (head + 1) * hd]
-                        .copy_from_slice(&o[qi * hd..(qi + 1) * hd]);
                 }
+                o
+            })
+            .collect();
+        let mut out = vec![0.0f32; n * d];
+        for (head, o) in heads.iter().enumerate() {
+            for (i, row) in o.chunks_exact(hd).enumerate() {
+                out[i * d + head * hd..i * d + (head + 1) * hd].copy_from_slice(row);
             }
         }
         out
