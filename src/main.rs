@@ -161,6 +161,9 @@ struct MediaArgs {
     /// Frames per video.
     #[arg(long, env = "CLEF_MAX_VIDEO_FRAMES", default_value_t = 32)]
     max_video_frames: usize,
+    /// Fetch `http(s)://` images (public addresses only, 3 redirects, 10 s).
+    #[arg(long, env = "CLEF_ALLOW_REMOTE_IMAGES", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    allow_remote_images: bool,
 }
 
 impl MediaArgs {
@@ -172,6 +175,10 @@ impl MediaArgs {
             max_total_bytes: self.max_media_bytes,
             max_videos: self.max_videos,
             max_frames: self.max_video_frames,
+            remote: clef_tt::media::remote::RemoteImages {
+                enabled: self.allow_remote_images,
+                allow: Vec::new(),
+            },
         }
     }
 }

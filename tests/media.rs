@@ -414,3 +414,99 @@ fn media_requests_over_http_equal_the_library() {
     let text_only = r#"{"model":"m","state":"a literal <|image_pad|> in text","questions":{"q":{"type":"noul","instructions":"Ok?"}}}"#;
     assert_eq!(post(&base, text_only.as_bytes(), &[]).0, 200);
 }
+
+/// A loopback HTTP server for the remote-image guard: `/img` serves a PNG, `/to-img` redirects
+/// to it, `/loop` redirects to itself, `/to-private` redirects to a private address.
+fn image_server(png: Vec<u8>) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let here = base.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // Drain the headers.
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let redirect = |to: &str| {
+                format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            };
+            let _ = match path.as_str() {
+                "/img" => {
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", png.len());
+                    stream
+                        .write_all(head.as_bytes())
+                        .and_then(|_| stream.write_all(&png))
+                }
+                "/to-img" => stream.write_all(redirect("/img").as_bytes()),
+                "/loop" => stream.write_all(redirect(&format!("{here}/loop")).as_bytes()),
+                "/to-private" => stream.write_all(redirect("http://10.0.0.1/img").as_bytes()),
+                _ => stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                ),
+            };
+        }
+    });
+    base
+}
+
+#[test]
+fn remote_images_are_off_by_default_and_guarded_when_on() {
+    use clef_tt::media::remote::RemoteImages;
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let tokenizer = ckpt.tokenizer().unwrap();
+    let body: Value = serde_json::from_str(&body_of("img_tiny_20x20")).unwrap();
+    let inline = body["images"][0].as_str().unwrap().to_string();
+    let png = clef_vision::decode_media_string(&inline).unwrap();
+    let base = image_server(png);
+    let with = |remote: RemoteImages, url: &str| {
+        let limits = MediaLimits {
+            remote,
+            ..MediaLimits::default()
+        };
+        prepare(&tokenizer, &[url.to_string()], &[], &limits)
+    };
+    let on = |allow: Vec<std::net::IpAddr>| RemoteImages {
+        enabled: true,
+        allow,
+    };
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    // Off by default.
+    let e = with(RemoteImages::default(), &format!("{base}/img")).unwrap_err();
+    assert_eq!((e.status, e.loc.len()), (422, 3));
+    assert!(e.msg.contains("CLEF_ALLOW_REMOTE_IMAGES"), "{}", e.msg);
+    // On, but loopback is not a public address.
+    let e = with(on(vec![]), &format!("{base}/img")).unwrap_err();
+    assert!(e.msg.contains("not a public address"), "{}", e.msg);
+    // Allowed through the test allowlist: the same pixels as the inline image.
+    let fetched = with(on(vec![loopback]), &format!("{base}/img")).unwrap();
+    let local = prepare(&tokenizer, &[inline], &[], &MediaLimits::default()).unwrap();
+    assert_eq!(fetched.pixel_values, local.pixel_values);
+    // Redirects: followed and re-checked, at most 3.
+    let redirected = with(on(vec![loopback]), &format!("{base}/to-img")).unwrap();
+    assert_eq!(redirected.pixel_values, local.pixel_values);
+    let e = with(on(vec![loopback]), &format!("{base}/loop")).unwrap_err();
+    assert!(e.msg.contains("more than 3 redirects"), "{}", e.msg);
+    let e = with(on(vec![loopback]), &format!("{base}/to-private")).unwrap_err();
+    assert!(
+        e.msg.contains("10.0.0.1") && e.msg.contains("not a public address"),
+        "{}",
+        e.msg
+    );
+    // The byte cap applies to fetched images too.
+    let tiny_cap = MediaLimits {
+        remote: on(vec![loopback]),
+        max_image_bytes: 100,
+        ..MediaLimits::default()
+    };
+    let e = prepare(&tokenizer, &[format!("{base}/img")], &[], &tiny_cap).unwrap_err();
+    assert_eq!(e.status, 422, "{}", e.msg);
+}

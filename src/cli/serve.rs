@@ -117,6 +117,7 @@ fn media_card(m: &clef_tt::media::MediaLimits, on: bool) -> serde_json::Value {
         "enabled": on, "max_images": m.max_images, "max_image_bytes": m.max_image_bytes,
         "max_image_pixels": m.max_image_pixels, "max_media_bytes": m.max_total_bytes,
         "max_videos": m.max_videos, "max_video_frames": m.max_frames,
+        "remote_images": m.remote.enabled,
     })
 }
 

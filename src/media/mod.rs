@@ -5,6 +5,8 @@
 //! `load_tower` reads the vision tower (host f32). The text model does not take spliced
 //! embeddings and M-RoPE positions yet, so the server still refuses media requests.
 
+pub mod remote;
+
 use crate::api::ApiError;
 use crate::checkpoint::{Checkpoint, CheckpointError, VISION_PREFIX};
 use clef_vision::tower::{Block, LayerNorm, Linear};
@@ -13,6 +15,7 @@ use clef_vision::{
     sample_frames, smart_resize, timestamps, Grid, MediaBlock, MediaTokens, RgbImage, VideoTokens,
     VisionTower,
 };
+use remote::RemoteImages;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
@@ -28,6 +31,8 @@ pub struct MediaLimits {
     pub max_total_bytes: usize,
     pub max_videos: usize,
     pub max_frames: usize,
+    /// `http(s)://` images (`CLEF_ALLOW_REMOTE_IMAGES`); off by default.
+    pub remote: RemoteImages,
 }
 
 impl Default for MediaLimits {
@@ -39,6 +44,7 @@ impl Default for MediaLimits {
             max_total_bytes: 8 << 20,
             max_videos: 4,
             max_frames: 32,
+            remote: RemoteImages::default(),
         }
     }
 }
@@ -94,7 +100,12 @@ fn decode_one(
     limits: &MediaLimits,
     total: &mut usize,
 ) -> Result<RgbImage, ApiError> {
-    let bytes = decode_media_string(s).map_err(|e| at(path, e.to_string()))?;
+    let bytes = if s.starts_with("http://") || s.starts_with("https://") {
+        remote::fetch(s, &limits.remote, limits.max_image_bytes)
+            .map_err(|e| at(path, e.to_string()))?
+    } else {
+        decode_media_string(s).map_err(|e| at(path, e.to_string()))?
+    };
     if bytes.len() > limits.max_image_bytes {
         return Err(at(
             path,
