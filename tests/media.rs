@@ -64,6 +64,7 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
         assert!(req.has_media, "{id}");
         let media = prepare(
             &tokenizer,
+            &tokens,
             &req.images,
             &req.videos,
             &MediaLimits::default(),
@@ -225,6 +226,7 @@ fn check_tower(
 fn bad_media_are_422_naming_the_index() {
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let tokenizer = ckpt.tokenizer().unwrap();
+    let tokens = media_tokens(&tokenizer).unwrap();
     let limits = MediaLimits::default();
     let png = {
         let requests = jsonl("requests.jsonl");
@@ -237,7 +239,7 @@ fn bad_media_are_422_naming_the_index() {
             .iter()
             .map(|v| v.iter().map(|s| s.to_string()).collect())
             .collect();
-        let e = prepare(&tokenizer, &images, &videos, &limits).unwrap_err();
+        let e = prepare(&tokenizer, &tokens, &images, &videos, &limits).unwrap_err();
         assert_eq!(e.status, 422, "{e}");
         (serde_json::to_string(&e.loc).unwrap(), e.msg)
     };
@@ -270,24 +272,8 @@ fn bad_media_are_422_naming_the_index() {
 }
 
 fn base64_encode(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for k in 0..4 {
-            if k <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * k) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 fn pipeline() -> Pipeline<CpuMesh> {
@@ -463,6 +449,7 @@ fn remote_images_are_off_by_default_and_guarded_when_on() {
     use clef_tt::media::remote::RemoteImages;
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let tokenizer = ckpt.tokenizer().unwrap();
+    let tokens = media_tokens(&tokenizer).unwrap();
     let body: Value = serde_json::from_str(&body_of("img_tiny_20x20")).unwrap();
     let inline = body["images"][0].as_str().unwrap().to_string();
     let png = clef_vision::decode_media_string(&inline).unwrap();
@@ -472,7 +459,7 @@ fn remote_images_are_off_by_default_and_guarded_when_on() {
             remote,
             ..MediaLimits::default()
         };
-        prepare(&tokenizer, &[url.to_string()], &[], &limits)
+        prepare(&tokenizer, &tokens, &[url.to_string()], &[], &limits)
     };
     let on = |allow: Vec<std::net::IpAddr>| RemoteImages {
         enabled: true,
@@ -488,7 +475,7 @@ fn remote_images_are_off_by_default_and_guarded_when_on() {
     assert!(e.msg.contains("not a public address"), "{}", e.msg);
     // Allowed through the test allowlist: the same pixels as the inline image.
     let fetched = with(on(vec![loopback]), &format!("{base}/img")).unwrap();
-    let local = prepare(&tokenizer, &[inline], &[], &MediaLimits::default()).unwrap();
+    let local = prepare(&tokenizer, &tokens, &[inline], &[], &MediaLimits::default()).unwrap();
     assert_eq!(fetched.pixel_values, local.pixel_values);
     // Redirects: followed and re-checked, at most 3.
     let redirected = with(on(vec![loopback]), &format!("{base}/to-img")).unwrap();
@@ -507,6 +494,13 @@ fn remote_images_are_off_by_default_and_guarded_when_on() {
         max_image_bytes: 100,
         ..MediaLimits::default()
     };
-    let e = prepare(&tokenizer, &[format!("{base}/img")], &[], &tiny_cap).unwrap_err();
+    let e = prepare(
+        &tokenizer,
+        &tokens,
+        &[format!("{base}/img")],
+        &[],
+        &tiny_cap,
+    )
+    .unwrap_err();
     assert_eq!(e.status, 422, "{}", e.msg);
 }

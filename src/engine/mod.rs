@@ -14,9 +14,9 @@ use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadMemory, HeadQuestion, JointHead};
-use crate::media::{load_tower, media_tokens, positions, prepare, MediaLimits, PreparedMedia};
+use crate::media::{media_tokens, positions, prepare, MediaLimits, PreparedMedia};
 use clef_device::{HostTensor, MeshOps, WeightFormat};
-use clef_vision::VisionTower;
+use clef_vision::{MediaTokens, VisionTower};
 use prefix_cache::{
     boundary, CacheKey, CacheUse, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixSlot,
 };
@@ -72,8 +72,9 @@ pub struct Pipeline<B: MeshOps> {
     hidden: usize,
     cache: Mutex<Cache<B>>,
     fault: Option<FaultSwitch>,
-    /// The checkpoint's vision tower (host f32); `None`: media requests are refused.
-    tower: Option<VisionTower>,
+    /// The checkpoint's vision tower (host f32, shared) and the tokenizer's media tokens;
+    /// `None`: media requests are refused.
+    vision: Option<(Arc<VisionTower>, MediaTokens)>,
     media_limits: MediaLimits,
 }
 
@@ -125,10 +126,21 @@ impl<B: MeshOps> Pipeline<B> {
             msg: "no joint head".into(),
         })?;
         let head = JointHead::load(head_files)?;
+        let tokenizer = ckpt.tokenizer()?;
+        let vision = match ckpt.vision_tower()? {
+            Some(tower) => {
+                let tokens = media_tokens(&tokenizer).map_err(|e| CheckpointError::Tokenizer {
+                    file: ckpt.tokenizer_path.display().to_string(),
+                    msg: e.msg,
+                })?;
+                Some((tower, tokens))
+            }
+            None => None,
+        };
         Ok(Pipeline {
             backbone,
             head,
-            tokenizer: ckpt.tokenizer()?,
+            tokenizer,
             lm_head: ckpt.lm_head()?,
             hidden: ckpt.config.text.hidden_size,
             cache: Mutex::new(PrefixCache::new(
@@ -139,7 +151,7 @@ impl<B: MeshOps> Pipeline<B> {
                 Arc::default(),
             )),
             fault: None,
-            tower: load_tower(ckpt)?,
+            vision,
             media_limits: MediaLimits::default(),
         })
     }
@@ -293,15 +305,16 @@ impl<B: MeshOps> Pipeline<B> {
 
     /// Decode, check, resize and patch the request's media (422s name the index).
     fn prepare_media(&self, req: &SystemOneRequest) -> Result<PreparedMedia, ApiError> {
-        if self.tower.is_none() {
+        let Some((_, tokens)) = &self.vision else {
             return Err(ApiError::invalid(
                 &["images"],
                 "this model has no vision tower: images and videos are not supported",
                 "value_error",
             ));
-        }
+        };
         prepare(
             &self.tokenizer,
+            tokens,
             &req.images,
             &req.videos,
             &self.media_limits,
@@ -315,12 +328,11 @@ impl<B: MeshOps> Pipeline<B> {
         record: &EncodedRecord,
         media: &PreparedMedia,
     ) -> Result<VisionInput, ApiError> {
-        let tokens = media_tokens(&self.tokenizer)?;
-        let positions = positions(&record.input_ids, &tokens, media)?;
-        let tower = self
-            .tower
+        let (tower, tokens) = self
+            .vision
             .as_ref()
             .ok_or_else(|| ApiError::internal("media without a vision tower"))?;
+        let positions = positions(&record.input_ids, tokens, media)?;
         let mut rows = Vec::new();
         if !media.image_grids.is_empty() {
             rows.extend(tower.embed(&media.pixel_values, &media.image_grids));

@@ -2,8 +2,9 @@
 //! via `clef-vision`): decoded and checked against the host's media limits (every bad image a
 //! 422 naming its index), resized and cut into patch rows, and the media block of token ids with
 //! its grids. `positions` gives the 3-D M-RoPE positions of the whole prompt once it is encoded.
-//! `load_tower` reads the vision tower (host f32). The text model does not take spliced
-//! embeddings and M-RoPE positions yet, so the server still refuses media requests.
+//! `load_tower` reads the vision tower (host f32; `Checkpoint::vision_tower` loads it once per
+//! checkpoint). `remote` fetches `http(s)://` images behind an SSRF guard when allowed. The
+//! pipeline (`engine`) runs the tower and splices its rows at the pads.
 
 pub mod remote;
 
@@ -132,6 +133,7 @@ fn decode_one(
 /// Decode, check, resize and patch every image and video of a request.
 pub fn prepare(
     tokenizer: &Tokenizer,
+    tokens: &MediaTokens,
     images: &[String],
     videos: &[Vec<String>],
     limits: &MediaLimits,
@@ -156,7 +158,6 @@ pub fn prepare(
             ),
         ));
     }
-    let tokens = media_tokens(tokenizer)?;
     let mut total = 0;
     let mut image_grids = Vec::new();
     let mut pixel_values = Vec::new();
@@ -227,7 +228,7 @@ pub fn prepare(
         });
     }
     Ok(PreparedMedia {
-        block: media_block(&tokens, &image_grids, &video_tokens),
+        block: media_block(tokens, &image_grids, &video_tokens),
         image_grids,
         video_grids,
         pixel_values,
