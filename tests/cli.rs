@@ -174,6 +174,16 @@ fn spawn_server(args: &[&str], env: &[(&str, &str)]) -> (Server, String, ureq::A
     (child, base, agent)
 }
 
+/// POST a JSON body to `/v1/systemone`; status and body text.
+fn post_json(agent: &ureq::Agent, base: &str, body: &[u8]) -> (u16, String) {
+    let mut r = agent
+        .post(&format!("{base}/v1/systemone"))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
     let (mut child, base, agent) = spawn_server(&["--warmup", "0"], &[]);
@@ -184,14 +194,7 @@ fn sigterm_lets_the_request_in_flight_finish_and_exits_zero() {
     );
     let in_flight = {
         let (agent, base) = (agent.clone(), base.clone());
-        std::thread::spawn(move || {
-            let mut r = agent
-                .post(&format!("{base}/v1/systemone"))
-                .header("content-type", "application/json")
-                .send(body.as_bytes())
-                .unwrap();
-            (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
-        })
+        std::thread::spawn(move || post_json(&agent, &base, body.as_bytes()))
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
     let killed = Command::new("kill")
@@ -222,14 +225,7 @@ fn sigterm_under_load_finishes_what_was_accepted_and_refuses_new_requests() {
     let in_flight: Vec<_> = (0..4)
         .map(|_| {
             let (agent, base, body) = (agent.clone(), base.clone(), body.clone());
-            std::thread::spawn(move || {
-                let mut r = agent
-                    .post(&format!("{base}/v1/systemone"))
-                    .header("content-type", "application/json")
-                    .send(body.as_bytes())
-                    .unwrap();
-                (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
-            })
+            std::thread::spawn(move || post_json(&agent, &base, body.as_bytes()))
         })
         .collect();
     // Until all four are accepted (one running, the rest queued).
@@ -290,13 +286,8 @@ fn media_limits_are_configurable_and_shown_in_the_card() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|r| r["id"] == "img_two_same_size")
         .unwrap();
-    let mut r = agent
-        .post(&format!("{base}/v1/systemone"))
-        .header("content-type", "application/json")
-        .send(two["body"].as_str().unwrap().as_bytes())
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 422);
-    let text = r.body_mut().read_to_string().unwrap();
+    let (status, text) = post_json(&agent, &base, two["body"].as_str().unwrap().as_bytes());
+    assert_eq!(status, 422);
     assert!(text.contains("at most 1 are allowed"), "{text}");
 }
 

@@ -138,25 +138,16 @@ pub fn prepare(
     videos: &[Vec<String>],
     limits: &MediaLimits,
 ) -> Result<PreparedMedia, ApiError> {
-    if images.len() > limits.max_images {
-        return Err(at(
-            &["images".into()],
-            format!(
-                "{} images; at most {} are allowed",
-                images.len(),
-                limits.max_images
-            ),
-        ));
-    }
-    if videos.len() > limits.max_videos {
-        return Err(at(
-            &["videos".into()],
-            format!(
-                "{} videos; at most {} are allowed",
-                videos.len(),
-                limits.max_videos
-            ),
-        ));
+    for (field, count, max) in [
+        ("images", images.len(), limits.max_images),
+        ("videos", videos.len(), limits.max_videos),
+    ] {
+        if count > max {
+            return Err(at(
+                &[field.into()],
+                format!("{count} {field}; at most {max} are allowed"),
+            ));
+        }
     }
     let mut total = 0;
     let mut image_grids = Vec::new();
