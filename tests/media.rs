@@ -43,13 +43,20 @@ fn ints(v: &Value) -> Vec<i64> {
         .collect()
 }
 
-#[test]
-fn media_requests_encode_and_position_exactly_as_the_reference() {
+/// The fixture's tokenizer and its media tokens.
+fn tokenizer_and_tokens() -> (tokenizers::Tokenizer, clef_vision::MediaTokens) {
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let tokenizer = ckpt.tokenizer().unwrap();
     let tokens = media_tokens(&tokenizer).unwrap();
+    (tokenizer, tokens)
+}
+
+#[test]
+fn media_requests_encode_and_position_exactly_as_the_reference() {
+    let (tokenizer, tokens) = tokenizer_and_tokens();
     let tensors = common::read_tensors(&media_dir().join("tensors_media.safetensors"));
     let requests = jsonl("requests.jsonl");
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let tower = load_tower(&ckpt)
         .unwrap()
         .expect("the fixture has a vision tower");
@@ -224,9 +231,7 @@ fn check_tower(
 
 #[test]
 fn bad_media_are_422_naming_the_index() {
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let tokenizer = ckpt.tokenizer().unwrap();
-    let tokens = media_tokens(&tokenizer).unwrap();
+    let (tokenizer, tokens) = tokenizer_and_tokens();
     let limits = MediaLimits::default();
     let png = {
         let requests = jsonl("requests.jsonl");
@@ -447,9 +452,7 @@ fn image_server(png: Vec<u8>) -> String {
 #[test]
 fn remote_images_are_off_by_default_and_guarded_when_on() {
     use clef_tt::media::remote::RemoteImages;
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let tokenizer = ckpt.tokenizer().unwrap();
-    let tokens = media_tokens(&tokenizer).unwrap();
+    let (tokenizer, tokens) = tokenizer_and_tokens();
     let body: Value = serde_json::from_str(&body_of("img_tiny_20x20")).unwrap();
     let inline = body["images"][0].as_str().unwrap().to_string();
     let png = clef_vision::decode_media_string(&inline).unwrap();

@@ -72,18 +72,31 @@ pub fn media_block(tokens: &MediaTokens, images: &[Grid], videos: &[VideoTokens]
     block
 }
 
-/// Pads that do not match the media (e.g. `<|image_pad|>` typed in the state).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PositionError {
-    /// The reference's own message.
-    #[error("{kind} features and {kind_lower} tokens do not match, tokens: {tokens}, features: {features}")]
-    Mismatch {
-        kind: &'static str,
-        kind_lower: &'static str,
-        tokens: usize,
-        features: usize,
-    },
+/// Pads that do not match the media (e.g. `<|image_pad|>` typed in the state): `kind` is
+/// [`IMAGE`] or [`VIDEO`]. Displays as the reference's own message.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PositionError {
+    pub kind: u8,
+    pub tokens: usize,
+    pub features: usize,
 }
+
+impl std::fmt::Display for PositionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (upper, lower) = if self.kind == IMAGE {
+            ("Image", "image")
+        } else {
+            ("Video", "video")
+        };
+        write!(
+            f,
+            "{upper} features and {lower} tokens do not match, tokens: {}, features: {}",
+            self.tokens, self.features
+        )
+    }
+}
+
+impl std::error::Error for PositionError {}
 
 /// M-RoPE positions `(t, h, w)` of a whole prompt whose token types are `types`: a text token
 /// advances all three by one; each run of pads is one image or one frame pair of a video (in
@@ -94,24 +107,16 @@ pub fn mrope_positions(
     images: &[Grid],
     videos: &[Grid],
 ) -> Result<[Vec<u32>; 3], PositionError> {
-    let count = |kind: u8| types.iter().filter(|&&t| t == kind).count();
-    let image_tokens: usize = images.iter().map(Grid::tokens).sum();
-    let video_tokens: usize = videos.iter().map(Grid::tokens).sum();
-    if count(IMAGE) != image_tokens {
-        return Err(PositionError::Mismatch {
-            kind: "Image",
-            kind_lower: "image",
-            tokens: count(IMAGE),
-            features: image_tokens,
-        });
-    }
-    if count(VIDEO) != video_tokens {
-        return Err(PositionError::Mismatch {
-            kind: "Video",
-            kind_lower: "video",
-            tokens: count(VIDEO),
-            features: video_tokens,
-        });
+    for (kind, grids) in [(IMAGE, images), (VIDEO, videos)] {
+        let tokens = types.iter().filter(|&&t| t == kind).count();
+        let features: usize = grids.iter().map(Grid::tokens).sum();
+        if tokens != features {
+            return Err(PositionError {
+                kind,
+                tokens,
+                features,
+            });
+        }
     }
     // One merged grid per pad run: images, then every frame pair of every video.
     let runs_of = |kind: u8| -> Vec<(usize, usize)> {
@@ -151,15 +156,9 @@ pub fn mrope_positions(
         let (hh, ww) = next.unwrap_or((0, 0));
         // A run of pads is one grid (runs are separated by vision start/end tokens); a run that
         // does not fill its grid exactly cannot come from the media block.
-        let (kind_name, kind_lower) = if kind == IMAGE {
-            ("Image", "image")
-        } else {
-            ("Video", "video")
-        };
         if hh * ww != run {
-            return Err(PositionError::Mismatch {
-                kind: kind_name,
-                kind_lower,
+            return Err(PositionError {
+                kind,
                 tokens: run,
                 features: hh * ww,
             });
