@@ -316,11 +316,17 @@ enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// The Clef-27B vision tower (random weights) per image on the CPU, host f32.
+    /// The Clef-27B vision tower (random weights) per image on CPU meshes.
     Vision {
         /// Image sizes, width x height (multiples of 32).
         #[arg(long, value_delimiter = ',', default_value = "448x448,1344x1344")]
         sizes: Vec<String>,
+        /// Mesh shapes to run the tower on (its TP=2 plan on 1x2).
+        #[arg(long, value_delimiter = ',', default_value = "1x1")]
+        mesh: Vec<String>,
+        /// Format of the tower's matrices (f32, bf16, bfp8_b, bfp4_b).
+        #[arg(long, default_value = "f32")]
+        format: String,
         #[arg(long, default_value_t = 1)]
         repeat: usize,
     },
@@ -658,7 +664,12 @@ fn main() -> anyhow::Result<()> {
                 }
                 print!("{}", cli::bench_http::markdown(&report));
             }
-            BenchCommand::Vision { sizes, repeat } => {
+            BenchCommand::Vision {
+                sizes,
+                mesh,
+                format,
+                repeat,
+            } => {
                 let sizes = sizes
                     .iter()
                     .map(|s| {
@@ -674,7 +685,12 @@ fn main() -> anyhow::Result<()> {
                         Ok((w, h))
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let rows = cli::bench::vision(&sizes, repeat);
+                let format = weight_format(&format)?;
+                let mut rows = Vec::new();
+                for shape in &mesh {
+                    let mesh = CpuMesh::new(shape.parse()?);
+                    rows.extend(cli::bench::vision(&mesh, format, &sizes, repeat)?);
+                }
                 print!("{}", cli::bench::vision_table(&rows));
             }
             BenchCommand::Head { rows, repeat } => {

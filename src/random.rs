@@ -399,53 +399,67 @@ pub fn make_random(
     Ok(())
 }
 
-/// The Clef-27B vision tower (depth 27, hidden 1152, 16 heads, MLP 4304, out 5120, a 48 x 48
-/// position table) with uniform random weights (std 0.02, LayerNorms at 1 and 0), for
-/// `clef-tt bench vision`.
-pub fn random_vision_tower(seed: u64) -> clef_vision::VisionTower {
-    use clef_vision::tower::{Block, LayerNorm, Linear};
-    let (hidden, mlp, out, merged) = (1152, 4304, 5120, 1152 * 4);
-    let mut state = seed;
-    let mut values = |n: usize| -> Vec<f32> {
+/// The Clef-27B vision tower's shape (depth 27, hidden 1152, 16 heads, MLP 4304, out 5120,
+/// a 48 x 48 position table).
+pub const CLEF_27B_VISION: clef_vision::VisionShape = clef_vision::VisionShape {
+    depth: 27,
+    hidden: 1152,
+    heads: 16,
+    intermediate: 4304,
+    out_hidden: 5120,
+    positions: 48 * 48,
+    patch_values: clef_vision::ROW_VALUES,
+};
+
+/// Random weights for a vision tower of `shape`, for `clef-tt bench vision`: uniform with std
+/// 0.02, LayerNorms at 1 and 0. Each value is a hash of the seed, the tensor name and its index,
+/// so the devices of a split read parts of the same tensor.
+pub struct RandomVisionWeights {
+    pub shape: clef_vision::VisionShape,
+    pub seed: u64,
+}
+
+impl clef_device::plan::WeightSource for RandomVisionWeights {
+    type Error = clef_device::plan::SplitError;
+
+    fn rows(
+        &self,
+        tensor: &str,
+        rows: std::ops::Range<usize>,
+        _matrix: bool,
+    ) -> Result<clef_device::HostWeight, Self::Error> {
+        let s = &self.shape;
+        let cols = if tensor.ends_with(".bias") || tensor.contains("norm") {
+            1
+        } else if tensor.starts_with("patch_embed") {
+            s.patch_values
+        } else if tensor.ends_with("linear_fc2.weight") && tensor.starts_with("blocks") {
+            s.intermediate
+        } else if tensor.starts_with("merger") {
+            s.merged()
+        } else {
+            s.hidden
+        };
+        let mut name_hash = self.seed;
+        for b in tensor.bytes() {
+            name_hash = (name_hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
         let half_width = 0.02 * 3f32.sqrt();
-        (0..n)
-            .map(|_| {
-                ((splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * half_width
+        let data = (rows.start * cols..rows.end * cols)
+            .map(|i| {
+                if tensor.contains("norm") {
+                    if tensor.ends_with("weight") {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                } else {
+                    let mut state = name_hash ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let u = (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32;
+                    (u * 2.0 - 1.0) * half_width
+                }
             })
-            .collect()
-    };
-    let mut linear = |inputs: usize, outputs: usize| {
-        let weight = values(inputs * outputs);
-        Linear::new(&weight, values(outputs), outputs)
-    };
-    let norm = |n: usize| LayerNorm {
-        weight: vec![1.0; n],
-        bias: vec![0.0; n],
-    };
-    let patch_embed = linear(clef_vision::ROW_VALUES, hidden);
-    let blocks = (0..27)
-        .map(|_| Block {
-            norm1: norm(hidden),
-            qkv: linear(hidden, 3 * hidden),
-            proj: linear(hidden, hidden),
-            norm2: norm(hidden),
-            fc1: linear(hidden, mlp),
-            fc2: linear(mlp, hidden),
-        })
-        .collect();
-    let merger_fc1 = linear(merged, merged);
-    let merger_fc2 = linear(merged, out);
-    let mut state2 = seed ^ 0x5555;
-    let pos_embed = (0..48 * 48 * hidden)
-        .map(|_| ((splitmix(&mut state2) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04)
-        .collect();
-    clef_vision::VisionTower {
-        heads: 16,
-        patch_embed,
-        pos_embed,
-        blocks,
-        merger_norm: norm(hidden),
-        merger_fc1,
-        merger_fc2,
+            .collect();
+        Ok(clef_device::HostWeight::f32(rows.len(), cols, data))
     }
 }

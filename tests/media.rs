@@ -6,7 +6,7 @@
 mod common;
 
 use clef_device::cpu::CpuMesh;
-use clef_device::{MeshShape, WeightFormat};
+use clef_device::{GatherAxis, MeshOps, MeshShape, WeightFormat};
 use clef_tt::api::{parse_body, validate};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::{encode, EncodeError, LengthRule};
@@ -57,9 +57,17 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
     let tensors = common::read_tensors(&media_dir().join("tensors_media.safetensors"));
     let requests = jsonl("requests.jsonl");
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let tower = load_tower(&ckpt)
-        .unwrap()
-        .expect("the fixture has a vision tower");
+    // The tower on a 1x1 mesh and by its TP=2 plan on a 1x2 mesh.
+    let towers: Vec<_> = [MeshShape::ONE, MeshShape::PAIR]
+        .into_iter()
+        .map(|shape| {
+            let mesh = CpuMesh::new(shape);
+            let tower = load_tower(&ckpt, &mesh, WeightFormat::F32)
+                .unwrap()
+                .expect("the fixture has a vision tower");
+            (mesh, tower)
+        })
+        .collect();
     let f32_tensors = common::read_tensors(&media_dir().join("tensors_f32.safetensors"));
     let mut tower_cases = 0;
     let mut ok_cases = 0;
@@ -162,7 +170,9 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
         // Pixels and the vision tower, where no JPEG decoder difference can enter.
         let has_jpeg = request["media_inputs"].to_string().contains("JPEG");
         if !has_jpeg {
-            tower_cases += check_tower(&tower, &f32_tensors, id, &media);
+            for (mesh, tower) in &towers {
+                tower_cases += check_tower(mesh, tower, &f32_tensors, id, &media);
+            }
             if let Some(sha) = m["pixel_values_sha256"].as_str() {
                 assert_eq!(sha256_f32(&media.pixel_values), sha, "{id}: pixel_values");
             }
@@ -178,15 +188,16 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
     }
     assert_eq!(ok_cases, 14);
     assert!(
-        tower_cases >= 8,
-        "the tower was checked on {tower_cases} cases"
+        tower_cases >= 16,
+        "the tower was checked on {tower_cases} cases and meshes"
     );
 }
 
 /// The tower on our pixel rows against the f32 run: `vision_hidden` within 1e-4 and the merger
 /// output (the spliced embeddings) within 1e-5 (README §5). Returns 1 when something was checked.
 fn check_tower(
-    tower: &clef_vision::VisionTower,
+    mesh: &CpuMesh,
+    tower: &clef_vision::VisionTower<CpuMesh>,
     reference: &std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
     id: &str,
     media: &clef_tt::media::PreparedMedia,
@@ -199,7 +210,9 @@ fn check_tower(
         if grids.is_empty() {
             continue;
         }
-        let hidden = tower.hidden(rows, grids);
+        let hidden = tower.hidden(mesh, rows, grids).unwrap();
+        let embeds = tower.merge(mesh, &hidden).unwrap();
+        let hidden = mesh.gather(&hidden, GatherAxis::Cols).unwrap().data;
         if let Some((_, want)) = reference.get(&format!("{id}.vision_hidden.{kind}")) {
             let worst = hidden
                 .iter()
@@ -209,7 +222,6 @@ fn check_tower(
             assert_eq!(hidden.len(), want.len(), "{id} {kind}");
             assert!(worst <= 1e-4, "{id} {kind}: vision_hidden off by {worst}");
         }
-        let embeds = tower.merge(&hidden);
         let name = if kind == "images" {
             "image_embeds"
         } else {
@@ -223,7 +235,7 @@ fn check_tower(
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(worst <= 1e-5, "{id} {name} off by {worst}");
-        eprintln!("{id} {name}: max abs diff {worst:.2e}");
+        eprintln!("{id} {name} on {}: max abs diff {worst:.2e}", mesh.mesh());
         checked = 1;
     }
     checked

@@ -13,13 +13,14 @@ pub mod formats;
 mod host;
 mod mesh;
 mod ops;
+pub mod plan;
 
 pub use error::DeviceError;
 pub use host::{
     HostTensor, HostWeight, SharedBytes, WeightBytes, WeightData, WeightFormat, WeightKind,
 };
 pub use mesh::MeshShape;
-pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, MeshOps, RopeSpec};
+pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, Gelu, MeshOps, RopeSpec};
 
 /// Result type of the device layer.
 pub type Result<T> = std::result::Result<T, DeviceError>;

@@ -32,6 +32,14 @@ pub struct RopeSpec {
     pub mrope_section: [usize; 3],
 }
 
+/// The GELU variants of the vision tower: tanh-approximated in the blocks' MLP, exact (erf) in
+/// the merger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Tanh,
+    Erf,
+}
+
 /// Per-device shape of a gated attention layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {
@@ -188,4 +196,45 @@ pub trait MeshOps: Sync {
         group: usize,
         eps: f32,
     ) -> Result<Self::Tensor>;
+
+    /// LayerNorm over each row: `(x - mean) / sqrt(var + eps) * w + b`; `w` and `b` are
+    /// `[cols, 1]` weights, the same on every device.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        b: &Self::Weight,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+    /// Add a bias row to every row. `b` is each device's `[cols, 1]` part: split like the
+    /// columns of a sharded `x`, whole for a replicated one.
+    fn add_bias(&self, x: &Self::Tensor, b: &Self::Weight) -> Result<Self::Tensor>;
+    /// GELU elementwise.
+    fn gelu(&self, x: &Self::Tensor, kind: Gelu) -> Result<Self::Tensor>;
+    /// Rotate-half rotary embedding over whole heads with tables `cos`, `sin` (replicated,
+    /// `[rows, head_dim]`, the same for every head): `x * cos + rotate_half(x) * sin`.
+    fn rotary(
+        &self,
+        x: &Self::Tensor,
+        cos: &Self::Tensor,
+        sin: &Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self::Tensor>;
+    /// Bidirectional softmax attention (scale `head_dim^-0.5`, fp32) in which the rows of each
+    /// segment attend only to the rows of the same segment (one image, or one pair of video
+    /// frames). `q`, `k`, `v` are `[rows, heads*head_dim]` per device, the segments cover the
+    /// rows in order.
+    fn segment_attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+        segments: &[std::ops::Range<usize>],
+    ) -> Result<Self::Tensor>;
+    /// Join every `group` consecutive rows into one row (`[rows, cols]` →
+    /// `[rows/group, cols*group]`, a reshape).
+    fn fold_rows(&self, x: &Self::Tensor, group: usize) -> Result<Self::Tensor>;
 }

@@ -11,7 +11,7 @@ pub mod plan;
 mod weights;
 
 pub use plan::{Collective, Split, TpPlan};
-pub use weights::{device_parts, LoadError};
+pub use weights::{device_parts, CheckpointSource, LoadError};
 
 use crate::checkpoint::{Checkpoint, LayerKind, RowError, RowTable, TextConfig};
 use clef_device::formats::bf16;

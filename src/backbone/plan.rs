@@ -10,42 +10,7 @@
 
 use crate::checkpoint::{LayerKind, TextConfig};
 
-/// How a weight is laid over the devices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Split {
-    /// Every device holds the whole tensor.
-    Replicated,
-    /// Output channels: every part is cut into `devices` equal row blocks, and device `d`
-    /// holds the concatenation of the `d`-th block of each part.
-    Columns,
-    /// Input channels: device `d` holds the `d`-th block of columns (partial sums follow).
-    Rows,
-}
-
-/// A run of output rows of one checkpoint tensor (`[out, ...]`, trailing dims flattened).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Part {
-    pub tensor: String,
-    pub rows: std::ops::Range<usize>,
-}
-
-/// One device weight of the plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WeightPlan {
-    pub parts: Vec<Part>,
-    pub split: Split,
-    /// Matrices take the profile's weight format; vectors (norms, gates, conv taps) stay f32.
-    pub matrix: bool,
-}
-
-/// What completes a row-parallel projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Collective {
-    /// Nothing: a single device already holds the full sum.
-    None,
-    /// Reduce-scatter then all-gather of the f32 partial sums.
-    AllReduce,
-}
+pub use clef_device::plan::{Collective, Part, Split, WeightPlan};
 
 /// The mixer half of a layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,21 +63,6 @@ pub struct PlanError {
     pub what: String,
 }
 
-fn whole(tensor: String, rows: usize) -> Part {
-    Part {
-        tensor,
-        rows: 0..rows,
-    }
-}
-
-fn weight(parts: Vec<Part>, split: Split, matrix: bool) -> WeightPlan {
-    WeightPlan {
-        parts,
-        split,
-        matrix,
-    }
-}
-
 impl TpPlan {
     /// The plan for `devices` devices (1 or 2 on a line mesh; any count that divides the
     /// heads works).
@@ -137,13 +87,8 @@ impl TpPlan {
             check(cfg.linear_num_value_heads, "linear_num_value_heads")?;
         }
         let h = cfg.hidden_size;
-        let reduce = if devices == 1 {
-            Collective::None
-        } else {
-            Collective::AllReduce
-        };
-        let vector =
-            |name: String, n: usize| weight(vec![whole(name, n)], Split::Replicated, false);
+        let reduce = Collective::for_devices(devices);
+        let vector = WeightPlan::replicated_vector;
         let layers = cfg
             .layers
             .iter()
@@ -159,19 +104,19 @@ impl TpPlan {
                             cfg.head_dim,
                         );
                         MixerPlan::Attention {
-                            qkv: weight(
+                            qkv: WeightPlan::new(
                                 vec![
-                                    whole(format!("{a}.q_proj.weight"), nh * 2 * d),
-                                    whole(format!("{a}.k_proj.weight"), nkv * d),
-                                    whole(format!("{a}.v_proj.weight"), nkv * d),
+                                    Part::whole(format!("{a}.q_proj.weight"), nh * 2 * d),
+                                    Part::whole(format!("{a}.k_proj.weight"), nkv * d),
+                                    Part::whole(format!("{a}.v_proj.weight"), nkv * d),
                                 ],
                                 Split::Columns,
                                 true,
                             ),
                             q_norm: vector(format!("{a}.q_norm.weight"), d),
                             k_norm: vector(format!("{a}.k_norm.weight"), d),
-                            o_proj: weight(
-                                vec![whole(format!("{a}.o_proj.weight"), h)],
+                            o_proj: WeightPlan::new(
+                                vec![Part::whole(format!("{a}.o_proj.weight"), h)],
                                 Split::Rows,
                                 true,
                             ),
@@ -200,25 +145,25 @@ impl TpPlan {
                             ]
                         };
                         let mut in_parts = segments(&qkv);
-                        in_parts.push(whole(format!("{a}.in_proj_z.weight"), vd));
-                        in_parts.push(whole(format!("{a}.in_proj_b.weight"), nv));
-                        in_parts.push(whole(format!("{a}.in_proj_a.weight"), nv));
+                        in_parts.push(Part::whole(format!("{a}.in_proj_z.weight"), vd));
+                        in_parts.push(Part::whole(format!("{a}.in_proj_b.weight"), nv));
+                        in_parts.push(Part::whole(format!("{a}.in_proj_a.weight"), nv));
                         MixerPlan::DeltaNet {
-                            in_proj: weight(in_parts, Split::Columns, true),
-                            conv: weight(segments(&conv), Split::Columns, false),
-                            a_log: weight(
-                                vec![whole(format!("{a}.A_log"), nv)],
+                            in_proj: WeightPlan::new(in_parts, Split::Columns, true),
+                            conv: WeightPlan::new(segments(&conv), Split::Columns, false),
+                            a_log: WeightPlan::new(
+                                vec![Part::whole(format!("{a}.A_log"), nv)],
                                 Split::Columns,
                                 false,
                             ),
-                            dt_bias: weight(
-                                vec![whole(format!("{a}.dt_bias"), nv)],
+                            dt_bias: WeightPlan::new(
+                                vec![Part::whole(format!("{a}.dt_bias"), nv)],
                                 Split::Columns,
                                 false,
                             ),
                             norm: vector(format!("{a}.norm.weight"), cfg.linear_value_head_dim),
-                            out_proj: weight(
-                                vec![whole(format!("{a}.out_proj.weight"), h)],
+                            out_proj: WeightPlan::new(
+                                vec![Part::whole(format!("{a}.out_proj.weight"), h)],
                                 Split::Rows,
                                 true,
                             ),
@@ -230,16 +175,16 @@ impl TpPlan {
                     input_norm: vector(format!("{l}.input_layernorm.weight"), h),
                     mixer,
                     post_norm: vector(format!("{l}.post_attention_layernorm.weight"), h),
-                    gate_up: weight(
+                    gate_up: WeightPlan::new(
                         vec![
-                            whole(format!("{l}.mlp.gate_proj.weight"), inter),
-                            whole(format!("{l}.mlp.up_proj.weight"), inter),
+                            Part::whole(format!("{l}.mlp.gate_proj.weight"), inter),
+                            Part::whole(format!("{l}.mlp.up_proj.weight"), inter),
                         ],
                         Split::Columns,
                         true,
                     ),
-                    down: weight(
-                        vec![whole(format!("{l}.mlp.down_proj.weight"), h)],
+                    down: WeightPlan::new(
+                        vec![Part::whole(format!("{l}.mlp.down_proj.weight"), h)],
                         Split::Rows,
                         true,
                     ),

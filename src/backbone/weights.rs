@@ -1,8 +1,9 @@
 //! Placing the checkpoint's text weights on a mesh as the plan says: each device weight is
 //! assembled from row blocks of checkpoint tensors, then uploaded in the profile's format.
 
-use super::plan::{MixerPlan, Split, TpPlan, WeightPlan};
+use super::plan::{MixerPlan, TpPlan, WeightPlan};
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorStore, TEXT_PREFIX};
+use clef_device::plan::WeightSource;
 use clef_device::{HostWeight, MeshOps, WeightFormat, WeightKind};
 
 /// Errors while placing weights.
@@ -12,6 +13,8 @@ pub enum LoadError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Plan(#[from] super::plan::PlanError),
+    #[error(transparent)]
+    VisionPlan(#[from] clef_vision::tower::VisionPlanError),
     #[error("placing {tensor}: {source}")]
     Device {
         tensor: String,
@@ -48,106 +51,68 @@ pub enum MixerWeights<W> {
     },
 }
 
-/// Read rows `[start, end)` of a checkpoint tensor viewed as `[out, rest]`.
-fn read_rows(
-    store: &TensorStore,
-    name: &str,
-    start: usize,
-    end: usize,
-    matrix: bool,
-) -> Result<HostWeight, CheckpointError> {
-    let full = format!("{TEXT_PREFIX}{name}");
-    let info = store.info(&full).ok_or_else(|| CheckpointError::Tensor {
-        file: store
-            .files()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        tensor: full.clone(),
-        msg: "missing".into(),
-    })?;
-    let out = info.shape.first().copied().unwrap_or(1);
-    let cols = if info.shape.len() > 1 {
-        info.shape[1..].iter().product()
-    } else {
-        1
-    };
-    if end > out || start > end {
-        return Err(CheckpointError::Tensor {
-            file: store.file_path(info.file).display().to_string(),
-            tensor: full,
-            msg: format!("rows {start}..{end} requested from shape {:?}", info.shape),
-        });
-    }
-    let (a, b) = (start * cols, end * cols);
-    Ok(if matrix && info.dtype != StoredDtype::F32 {
-        HostWeight::bf16(end - start, cols, store.read_bf16(info, a, b))
-    } else {
-        HostWeight::f32(end - start, cols, store.read_f32(info, a, b))
-    })
+/// The checkpoint's tensors under one name prefix (the text model's, the vision tower's), as
+/// a source of planned weights.
+pub struct CheckpointSource<'a> {
+    pub store: &'a TensorStore,
+    pub prefix: &'static str,
 }
 
-/// The per-device parts of one planned weight.
+impl WeightSource for CheckpointSource<'_> {
+    type Error = CheckpointError;
+
+    /// Rows of a tensor viewed as `[out, rest]`.
+    fn rows(
+        &self,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        matrix: bool,
+    ) -> Result<HostWeight, CheckpointError> {
+        let store = self.store;
+        let full = format!("{}{name}", self.prefix);
+        let info = store.info(&full).ok_or_else(|| CheckpointError::Tensor {
+            file: store
+                .files()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            tensor: full.clone(),
+            msg: "missing".into(),
+        })?;
+        let out = info.shape.first().copied().unwrap_or(1);
+        let cols = if info.shape.len() > 1 {
+            info.shape[1..].iter().product()
+        } else {
+            1
+        };
+        let (start, end) = (rows.start, rows.end);
+        if end > out || start > end {
+            return Err(CheckpointError::Tensor {
+                file: store.file_path(info.file).display().to_string(),
+                tensor: full,
+                msg: format!("rows {start}..{end} requested from shape {:?}", info.shape),
+            });
+        }
+        let (a, b) = (start * cols, end * cols);
+        Ok(if matrix && info.dtype != StoredDtype::F32 {
+            HostWeight::bf16(end - start, cols, store.read_bf16(info, a, b))
+        } else {
+            HostWeight::f32(end - start, cols, store.read_f32(info, a, b))
+        })
+    }
+}
+
+/// The per-device parts of one planned weight of the text model.
 pub fn device_parts(
     store: &TensorStore,
     plan: &WeightPlan,
     devices: usize,
 ) -> Result<Vec<HostWeight>, CheckpointError> {
-    let bad = |tensor: &str, msg: String| CheckpointError::Tensor {
-        file: "(tensor-parallel plan)".into(),
-        tensor: format!("{TEXT_PREFIX}{tensor}"),
-        msg,
+    let source = CheckpointSource {
+        store,
+        prefix: TEXT_PREFIX,
     };
-    match plan.split {
-        Split::Replicated => {
-            let mut parts = Vec::new();
-            for p in &plan.parts {
-                parts.push(read_rows(
-                    store,
-                    &p.tensor,
-                    p.rows.start,
-                    p.rows.end,
-                    plan.matrix,
-                )?);
-            }
-            let w = HostWeight::concat_rows(&parts)
-                .ok_or_else(|| bad(&plan.parts[0].tensor, "parts of different widths".into()))?;
-            Ok(vec![w; devices])
-        }
-        Split::Columns => (0..devices)
-            .map(|d| {
-                let mut parts = Vec::new();
-                for p in &plan.parts {
-                    let len = p.rows.len();
-                    if !len.is_multiple_of(devices) {
-                        return Err(bad(
-                            &p.tensor,
-                            format!("{len} rows do not split over {devices} devices"),
-                        ));
-                    }
-                    let block = len / devices;
-                    let s = p.rows.start + d * block;
-                    parts.push(read_rows(store, &p.tensor, s, s + block, plan.matrix)?);
-                }
-                HostWeight::concat_rows(&parts)
-                    .ok_or_else(|| bad(&plan.parts[0].tensor, "parts of different widths".into()))
-            })
-            .collect(),
-        Split::Rows => {
-            let p = &plan.parts[0];
-            let w = read_rows(store, &p.tensor, p.rows.start, p.rows.end, plan.matrix)?;
-            if !w.cols.is_multiple_of(devices) {
-                return Err(bad(
-                    &p.tensor,
-                    format!("{} columns do not split over {devices} devices", w.cols),
-                ));
-            }
-            let block = w.cols / devices;
-            Ok((0..devices)
-                .map(|d| w.col_range(d * block, (d + 1) * block))
-                .collect())
-        }
-    }
+    plan.device_parts(&source, devices)
 }
 
 fn place<B: MeshOps>(
@@ -181,6 +146,8 @@ pub struct WeightFormats {
     pub deltanet: WeightFormat,
     pub mlp_gate_up: WeightFormat,
     pub mlp_down: WeightFormat,
+    /// The vision tower's matrices.
+    pub vision: WeightFormat,
 }
 
 impl WeightFormats {
@@ -191,6 +158,7 @@ impl WeightFormats {
             deltanet: format,
             mlp_gate_up: format,
             mlp_down: format,
+            vision: format,
         }
     }
 }

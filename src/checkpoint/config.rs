@@ -55,7 +55,7 @@ impl TextConfig {
     }
 }
 
-/// The vision tower's configuration (read and reported; the tower itself comes later).
+/// The vision tower's configuration.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct VisionConfig {
     #[serde(default = "d_depth")]
@@ -74,6 +74,11 @@ pub struct VisionConfig {
     pub spatial_merge_size: usize,
     #[serde(default)]
     pub out_hidden_size: Option<usize>,
+    /// Rows of the learned position table (a square grid).
+    #[serde(default = "d_positions")]
+    pub num_position_embeddings: usize,
+    #[serde(default = "d_channels")]
+    pub in_channels: usize,
 }
 
 fn d_depth() -> usize {
@@ -93,6 +98,12 @@ fn d_patch() -> usize {
 }
 fn d_two() -> usize {
     2
+}
+fn d_positions() -> usize {
+    2304
+}
+fn d_channels() -> usize {
+    3
 }
 
 /// The whole `config.json`.

@@ -61,6 +61,16 @@ pub enum CheckpointError {
     Tokenizer { file: String, msg: String },
 }
 
+impl From<clef_device::plan::SplitError> for CheckpointError {
+    fn from(e: clef_device::plan::SplitError) -> Self {
+        CheckpointError::Tensor {
+            file: "(tensor-parallel plan)".into(),
+            tensor: e.tensor,
+            msg: e.msg,
+        }
+    }
+}
+
 impl CheckpointError {
     fn io(path: &Path, e: std::io::Error) -> Self {
         CheckpointError::Io {
@@ -91,8 +101,6 @@ pub struct Checkpoint {
     /// The joint head (`None` for a bare backbone opened with [`Checkpoint::open_text`]).
     pub head: Option<JointHeadFiles>,
     pub tokenizer_path: PathBuf,
-    /// The vision tower, loaded once and shared by every pipeline built from this checkpoint.
-    vision_tower: std::sync::OnceLock<Option<Arc<clef_vision::VisionTower>>>,
 }
 
 impl Checkpoint {
@@ -116,7 +124,6 @@ impl Checkpoint {
         let tensors = TensorStore::open_model(dir)?;
         check_text_tensors(&config.text, &tensors)?;
         Ok(Checkpoint {
-            vision_tower: std::sync::OnceLock::new(),
             dir: dir.to_path_buf(),
             config,
             tensors: Arc::new(tensors),
@@ -150,15 +157,6 @@ impl Checkpoint {
         let text = std::fs::read_to_string(self.dir.join("tokenizer_config.json")).ok()?;
         let json: serde_json::Value = serde_json::from_str(&text).ok()?;
         json.get("tokenizer_class")?.as_str().map(str::to_string)
-    }
-
-    /// The vision tower (host f32), or `None` without one; loaded on the first call only.
-    pub fn vision_tower(&self) -> Result<Option<Arc<clef_vision::VisionTower>>, CheckpointError> {
-        if let Some(tower) = self.vision_tower.get() {
-            return Ok(tower.clone());
-        }
-        let loaded = crate::media::load_tower(self)?.map(Arc::new);
-        Ok(self.vision_tower.get_or_init(|| loaded).clone())
     }
 
     /// The LM head as a row table read on demand from its file.

@@ -3,7 +3,7 @@
 //! norm), the median of the repeats after one warm-up.
 
 use clef_device::cpu::CpuMesh;
-use clef_device::{MeshShape, WeightFormat};
+use clef_device::{MeshOps, MeshShape, WeightFormat};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use std::time::Instant;
@@ -233,6 +233,8 @@ pub fn head_table(rows: &[HeadRow], peak_gflops: Option<f64>) -> String {
 
 /// One vision tower timing.
 pub struct VisionRow {
+    pub mesh: MeshShape,
+    pub format: WeightFormat,
     pub width: usize,
     pub height: usize,
     pub patches: usize,
@@ -240,13 +242,23 @@ pub struct VisionRow {
     pub ms: f64,
 }
 
-/// The Clef-27B vision tower (random weights) on one image of each `sizes` (width x height,
-/// multiples of 32), host f32 on the CPU; median of `repeats` after a warm-up.
-pub fn vision(sizes: &[(usize, usize)], repeats: usize) -> Vec<VisionRow> {
+/// The Clef-27B vision tower (random weights, matrices in `format`) on `mesh`, one image of
+/// each `sizes` (width x height, multiples of 32); median of `repeats` after a warm-up.
+pub fn vision(
+    mesh: &CpuMesh,
+    format: WeightFormat,
+    sizes: &[(usize, usize)],
+    repeats: usize,
+) -> anyhow::Result<Vec<VisionRow>> {
     let t0 = Instant::now();
-    let tower = clef_tt::random::random_vision_tower(11);
+    let source = clef_tt::random::RandomVisionWeights {
+        shape: clef_tt::random::CLEF_27B_VISION,
+        seed: 11,
+    };
+    let tower = clef_vision::VisionTower::load(mesh, source.shape, format, &source)?;
     eprintln!(
-        "  random tower ready in {:.1} s",
+        "  random tower on the {} mesh in {:.1} s",
+        mesh.mesh(),
         t0.elapsed().as_secs_f64()
     );
     sizes
@@ -263,12 +275,14 @@ pub fn vision(sizes: &[(usize, usize)], repeats: usize) -> Vec<VisionRow> {
             let mut times = Vec::new();
             for _ in 0..repeats.max(1) + 1 {
                 let t = Instant::now();
-                let embeds = tower.embed(&rows, &[grid]);
+                let embeds = tower.embed(mesh, &rows, &[grid])?;
                 times.push(t.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(embeds);
             }
             times.remove(0);
             let row = VisionRow {
+                mesh: mesh.mesh(),
+                format,
                 width,
                 height,
                 patches: grid.patches(),
@@ -276,17 +290,25 @@ pub fn vision(sizes: &[(usize, usize)], repeats: usize) -> Vec<VisionRow> {
                 ms: median(times),
             };
             eprintln!("  {width}x{height}: {:.0} ms", row.ms);
-            row
+            Ok(row)
         })
         .collect()
 }
 
 pub fn vision_table(rows: &[VisionRow]) -> String {
-    let mut s = String::from("| image | patches | tokens | vision tower ms |\n|---|---|---|---|\n");
+    let mut s = String::from(
+        "| mesh | matrices | image | patches | tokens | vision tower ms |\n|---|---|---|---|---|---|\n",
+    );
     for r in rows {
         s.push_str(&format!(
-            "| {}x{} | {} | {} | {:.0} |\n",
-            r.width, r.height, r.patches, r.tokens, r.ms
+            "| {} | {} | {}x{} | {} | {} | {:.0} |\n",
+            r.mesh,
+            r.format.name(),
+            r.width,
+            r.height,
+            r.patches,
+            r.tokens,
+            r.ms
         ));
     }
     s

@@ -220,7 +220,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
                     &report,
                 )?;
                 pb.finish_and_clear();
-                Pipeline::with_backbone(&ckpt, backbone)?
+                Pipeline::with_backbone(&ckpt, backbone, formats.vision)?
             }
             None => {
                 let (pb, report) = super::progress::bar("loading the checkpoint");
@@ -232,7 +232,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
                     &report,
                 )?;
                 pb.finish_and_clear();
-                Pipeline::with_backbone(&ckpt, backbone)?
+                Pipeline::with_backbone(&ckpt, backbone, formats.vision)?
             }
         };
         tracing::info!(

@@ -14,7 +14,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadMemory, HeadQuestion, JointHead};
-use crate::media::{media_tokens, positions, prepare, MediaLimits, PreparedMedia};
+use crate::media::{load_tower, media_tokens, positions, prepare, MediaLimits, PreparedMedia};
 use clef_device::{HostTensor, MeshOps, WeightFormat};
 use clef_vision::{MediaTokens, VisionTower};
 use prefix_cache::{
@@ -72,9 +72,9 @@ pub struct Pipeline<B: MeshOps> {
     hidden: usize,
     cache: Mutex<Cache<B>>,
     fault: Option<FaultSwitch>,
-    /// The checkpoint's vision tower (host f32, shared) and the tokenizer's media tokens;
+    /// The checkpoint's vision tower on the backbone's mesh and the tokenizer's media tokens;
     /// `None`: media requests are refused.
-    vision: Option<(Arc<VisionTower>, MediaTokens)>,
+    vision: Option<(VisionTower<B>, MediaTokens)>,
     media_limits: MediaLimits,
 }
 
@@ -112,11 +112,17 @@ impl<B: MeshOps> Pipeline<B> {
         bf16_embeddings: bool,
     ) -> Result<Self, PipelineError> {
         let backbone = Backbone::load_with(ckpt, mesh, formats, bf16_embeddings)?;
-        Self::with_backbone(ckpt, backbone)
+        Self::with_backbone(ckpt, backbone, formats.vision)
     }
 
-    /// A pipeline around a backbone already placed (e.g. from a tensor cache).
-    pub fn with_backbone(ckpt: &Checkpoint, backbone: Backbone<B>) -> Result<Self, PipelineError> {
+    /// A pipeline around a backbone already placed (e.g. from a tensor cache); the vision
+    /// tower, if the checkpoint has one, is placed on the same mesh with matrices in
+    /// `vision_format`.
+    pub fn with_backbone(
+        ckpt: &Checkpoint,
+        backbone: Backbone<B>,
+        vision_format: WeightFormat,
+    ) -> Result<Self, PipelineError> {
         let head_files = ckpt.head.as_ref().ok_or_else(|| CheckpointError::Config {
             file: ckpt
                 .dir
@@ -127,7 +133,7 @@ impl<B: MeshOps> Pipeline<B> {
         })?;
         let head = JointHead::load(head_files)?;
         let tokenizer = ckpt.tokenizer()?;
-        let vision = match ckpt.vision_tower()? {
+        let vision = match load_tower(ckpt, backbone.mesh(), vision_format)? {
             Some(tower) => {
                 let tokens = media_tokens(&tokenizer).map_err(|e| CheckpointError::Tokenizer {
                     file: ckpt.tokenizer_path.display().to_string(),
@@ -333,12 +339,18 @@ impl<B: MeshOps> Pipeline<B> {
             .as_ref()
             .ok_or_else(|| ApiError::internal("media without a vision tower"))?;
         let positions = positions(&record.input_ids, tokens, media)?;
+        let mesh = self.backbone.mesh();
         let mut rows = Vec::new();
-        if !media.image_grids.is_empty() {
-            rows.extend(tower.embed(&media.pixel_values, &media.image_grids));
-        }
-        if !media.video_grids.is_empty() {
-            rows.extend(tower.embed(&media.pixel_values_videos, &media.video_grids));
+        for (pixels, grids) in [
+            (&media.pixel_values, &media.image_grids),
+            (&media.pixel_values_videos, &media.video_grids),
+        ] {
+            if !grids.is_empty() {
+                let embedded = tower
+                    .embed(mesh, pixels, grids)
+                    .map_err(|e| ApiError::internal(format!("vision tower: {e}")))?;
+                rows.extend(embedded);
+            }
         }
         let pads_of = |pad: u32| {
             record

@@ -2,19 +2,21 @@
 //! via `clef-vision`): decoded and checked against the host's media limits (every bad image a
 //! 422 naming its index), resized and cut into patch rows, and the media block of token ids with
 //! its grids. `positions` gives the 3-D M-RoPE positions of the whole prompt once it is encoded.
-//! `load_tower` reads the vision tower (host f32; `Checkpoint::vision_tower` loads it once per
-//! checkpoint). `remote` fetches `http(s)://` images behind an SSRF guard when allowed. The
-//! pipeline (`engine`) runs the tower and splices its rows at the pads.
+//! `load_tower` places the vision tower on a mesh by its tensor-parallel plan. `remote` fetches
+//! `http(s)://` images behind an SSRF guard when allowed. The pipeline (`engine`) runs the tower
+//! on its mesh and splices its rows at the pads.
 
 pub mod remote;
 
 use crate::api::ApiError;
+use crate::backbone::{CheckpointSource, LoadError};
 use crate::checkpoint::{Checkpoint, CheckpointError, VISION_PREFIX};
-use clef_vision::tower::{Block, LayerNorm, Linear};
+use clef_device::{MeshOps, WeightFormat};
+use clef_vision::tower::{LoadError as TowerLoadError, VisionShape, VisionTower};
 use clef_vision::{
     decode_image, decode_media_string, media_block, mrope_positions, patch_rows, resize,
     sample_frames, smart_resize, timestamps, Grid, MediaBlock, MediaTokens, RgbImage, VideoTokens,
-    VisionTower,
+    ROW_VALUES,
 };
 use remote::RemoteImages;
 use serde_json::Value;
@@ -247,53 +249,57 @@ pub fn positions(
         .map_err(|e| at(&["state".into()], e.to_string()))
 }
 
-/// The checkpoint's vision tower in f32, or `None` when it has none.
-pub fn load_tower(ckpt: &Checkpoint) -> Result<Option<VisionTower>, CheckpointError> {
-    let Some(config) = &ckpt.config.vision else {
+/// The shape of the checkpoint's vision tower, or `None` when it has none.
+pub fn tower_shape(ckpt: &Checkpoint) -> Result<Option<VisionShape>, CheckpointError> {
+    let Some(c) = &ckpt.config.vision else {
         return Ok(None);
     };
-    let store = &ckpt.tensors;
-    let tensor = |name: &str| -> Result<(Vec<usize>, Vec<f32>), CheckpointError> {
-        let full = format!("{VISION_PREFIX}{name}");
-        let info = store.info(&full).ok_or_else(|| CheckpointError::Tensor {
-            file: ckpt.dir.display().to_string(),
-            tensor: full.clone(),
-            msg: "missing".into(),
-        })?;
-        Ok((info.shape.clone(), store.read_f32(info, 0, info.elements())))
-    };
-    let linear = |name: &str| -> Result<Linear, CheckpointError> {
-        let (shape, weight) = tensor(&format!("{name}.weight"))?;
-        let (_, bias) = tensor(&format!("{name}.bias"))?;
-        Ok(Linear::new(&weight, bias, shape[0]))
-    };
-    let norm = |name: &str| -> Result<LayerNorm, CheckpointError> {
-        Ok(LayerNorm {
-            weight: tensor(&format!("{name}.weight"))?.1,
-            bias: tensor(&format!("{name}.bias"))?.1,
-        })
-    };
-    let blocks = (0..config.depth)
-        .map(|i| {
-            let b = format!("blocks.{i}");
-            Ok(Block {
-                norm1: norm(&format!("{b}.norm1"))?,
-                qkv: linear(&format!("{b}.attn.qkv"))?,
-                proj: linear(&format!("{b}.attn.proj"))?,
-                norm2: norm(&format!("{b}.norm2"))?,
-                fc1: linear(&format!("{b}.mlp.linear_fc1"))?,
-                fc2: linear(&format!("{b}.mlp.linear_fc2"))?,
-            })
-        })
-        .collect::<Result<Vec<_>, CheckpointError>>()?;
-    Ok(Some(VisionTower {
-        heads: config.num_heads,
-        // The Conv3d kernel [hidden, 3, 2, 16, 16] flattened is the patch row layout.
-        patch_embed: linear("patch_embed.proj")?,
-        pos_embed: tensor("pos_embed.weight")?.1,
-        blocks,
-        merger_norm: norm("merger.norm")?,
-        merger_fc1: linear("merger.linear_fc1")?,
-        merger_fc2: linear("merger.linear_fc2")?,
+    let patch_values = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
+    if patch_values != ROW_VALUES || c.spatial_merge_size != clef_vision::preprocess::MERGE {
+        return Err(CheckpointError::Config {
+            file: ckpt.dir.join("config.json").display().to_string(),
+            msg: format!(
+                "vision_config: patches of {patch_values} values merged {}x{} are not supported \
+                 (the processor makes {ROW_VALUES}-value patches merged 2x2)",
+                c.spatial_merge_size, c.spatial_merge_size
+            ),
+        });
+    }
+    Ok(Some(VisionShape {
+        depth: c.depth,
+        hidden: c.hidden_size,
+        heads: c.num_heads,
+        intermediate: c.intermediate_size,
+        out_hidden: c.out_hidden_size.unwrap_or(ckpt.config.text.hidden_size),
+        positions: c.num_position_embeddings,
+        patch_values,
     }))
+}
+
+/// The checkpoint's vision tower placed on `mesh` by its tensor-parallel plan with matrices
+/// in `format`, or `None` when it has none.
+pub fn load_tower<B: MeshOps>(
+    ckpt: &Checkpoint,
+    mesh: &B,
+    format: WeightFormat,
+) -> Result<Option<VisionTower<B>>, LoadError> {
+    let Some(shape) = tower_shape(ckpt)? else {
+        return Ok(None);
+    };
+    let source = CheckpointSource {
+        store: &ckpt.tensors,
+        prefix: VISION_PREFIX,
+    };
+    let t0 = std::time::Instant::now();
+    let tower = VisionTower::load(mesh, shape, format, &source).map_err(|e| match e {
+        TowerLoadError::Source(e) => LoadError::Checkpoint(e),
+        TowerLoadError::Plan(e) => LoadError::VisionPlan(e),
+        TowerLoadError::Device { tensor, source } => LoadError::Device { tensor, source },
+    })?;
+    tracing::info!(
+        ms = t0.elapsed().as_millis() as u64,
+        bytes = tower.weight_bytes(),
+        "vision tower placed on the mesh"
+    );
+    Ok(Some(tower))
 }

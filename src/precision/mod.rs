@@ -25,7 +25,7 @@ pub const PROFILES: [(&str, &str); 5] = [
 ];
 
 /// Environment variables that override one knob each: (variable, knob).
-pub const OVERRIDES: [(&str, &str); 11] = [
+pub const OVERRIDES: [(&str, &str); 12] = [
     ("QWEN36_MLP_GATE_UP_DTYPE", "mlp_gate_up"),
     ("QWEN36_MLP_DOWN_DTYPE", "mlp_down"),
     ("QWEN36_PROJ_DTYPE", "attention,deltanet"),
@@ -37,6 +37,7 @@ pub const OVERRIDES: [(&str, &str); 11] = [
     ("CLEF_KV_DTYPE", "kv_cache"),
     ("CLEF_EMBED_DTYPE", "embeddings"),
     ("CLEF_ATTENTION_DTYPE", "attention"),
+    ("CLEF_VISION_DTYPE", "vision"),
 ];
 
 /// Why a profile cannot be used.
@@ -63,6 +64,8 @@ pub struct Precision {
     pub mlp_down: WeightFormat,
     pub attention: WeightFormat,
     pub deltanet: WeightFormat,
+    /// The vision tower's matrices.
+    pub vision: WeightFormat,
     pub fidelity: Fidelity,
     pub fp32_dest_acc: bool,
     pub bf16_activations: bool,
@@ -84,6 +87,7 @@ struct ProfileFile {
     mlp_down: String,
     attention: String,
     deltanet: String,
+    vision: String,
     fidelity: String,
     fp32_dest_acc: bool,
     bf16_activations: bool,
@@ -143,6 +147,7 @@ impl Precision {
             mlp_down: weight_format(&f.mlp_down).map_err(invalid)?,
             attention: weight_format(&f.attention).map_err(invalid)?,
             deltanet: weight_format(&f.deltanet).map_err(invalid)?,
+            vision: weight_format(&f.vision).map_err(invalid)?,
             fidelity: fidelity(&f.fidelity).map_err(invalid)?,
             fp32_dest_acc: f.fp32_dest_acc,
             bf16_activations: f.bf16_activations,
@@ -167,6 +172,7 @@ impl Precision {
                     "mlp_down" => p.mlp_down = weight_format(&value).map_err(bad)?,
                     "attention" => p.attention = weight_format(&value).map_err(bad)?,
                     "deltanet" => p.deltanet = weight_format(&value).map_err(bad)?,
+                    "vision" => p.vision = weight_format(&value).map_err(bad)?,
                     "fidelity" => p.fidelity = fidelity(&value).map_err(bad)?,
                     "gdn_gate_fp32" => p.gdn_gate_fp32 = parse_flag(&value).map_err(bad)?,
                     "gdn_state_fp32" => p.gdn_state_fp32 = parse_flag(&value).map_err(bad)?,
@@ -194,6 +200,7 @@ impl Precision {
             deltanet: self.deltanet,
             mlp_gate_up: self.mlp_gate_up,
             mlp_down: self.mlp_down,
+            vision: self.vision,
         }
     }
 
@@ -219,6 +226,7 @@ impl Precision {
             "mlp_down": self.mlp_down.name(),
             "attention": self.attention.name(),
             "deltanet": self.deltanet.name(),
+            "vision": self.vision.name(),
             "math_fidelity": self.fidelity.name(),
             "fp32_dest_acc": self.fp32_dest_acc,
             "bf16_activations": self.bf16_activations,

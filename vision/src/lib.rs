@@ -10,7 +10,7 @@
 //! - `video`: frame sampling, temporal padding and the timestamp text;
 //! - `prompt`: the media block of token ids and the 3-D M-RoPE positions.
 //!
-//! - `tower`: the vision tower on the host in f32 (the reference for the device port).
+//! - `tower`: the vision tower on a `clef-device` mesh with its tensor-parallel plan.
 
 pub mod decode;
 pub mod preprocess;
@@ -27,5 +27,5 @@ pub use prompt::{
     media_block, mrope_positions, MediaBlock, MediaTokens, PositionError, VideoTokens,
 };
 pub use resize::resize;
-pub use tower::VisionTower;
+pub use tower::{VisionShape, VisionTower};
 pub use video::{sample_frames, timestamps};

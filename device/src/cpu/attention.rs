@@ -1,12 +1,85 @@
-//! Causal softmax attention of one device's heads over its KV cache (GQA), fp32.
+//! Softmax attention of one device's heads, fp32: causal over a KV cache (GQA) for the text
+//! model, bidirectional within segments for the vision tower. Both run per (head, block of
+//! queries) so the score block stays small at long contexts.
 
 use super::denormals::FlushDenormals;
 use super::matmul::small_matmul;
 use crate::AttentionSpec;
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// Query rows handled at once, so the score block stays small at long contexts.
+/// Query rows handled at once.
 const QUERY_BLOCK: usize = 256;
+
+/// Where one block of queries of one head reads.
+struct Block<'a> {
+    /// The first query row of the block, at column `head * d` of a row of width `q_width`.
+    q: &'a [f32],
+    q_width: usize,
+    /// The first visible key and value rows, at the column of this head's KV head.
+    keys: &'a [f32],
+    values: &'a [f32],
+    kv_width: usize,
+    rows: usize,
+    /// Keys the block reads (the last query row sees at most this many).
+    visible: usize,
+    d: usize,
+}
+
+/// `softmax(q kᵀ · d^-0.5) v` for one block; query row `i` sees keys `0..limit(i)`.
+fn attend(b: &Block, limit: impl Fn(usize) -> usize) -> Vec<f32> {
+    let _ftz = FlushDenormals::new();
+    let (rows, visible, d) = (b.rows, b.visible, b.d);
+    let scale = (d as f32).powf(-0.5);
+    let mut scores = vec![0.0f32; rows * visible];
+    small_matmul(
+        rows,
+        visible,
+        d,
+        &mut scores,
+        false,
+        b.q,
+        b.q_width,
+        1,
+        b.keys,
+        1,
+        b.kv_width,
+    );
+    for (i, row) in scores.chunks_mut(visible).enumerate() {
+        let limit = limit(i);
+        let mut max = f32::NEG_INFINITY;
+        for s in row[..limit].iter_mut() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        let mut sum = 0.0f32;
+        for s in row[..limit].iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        row[..limit].iter_mut().for_each(|s| *s *= inv);
+        row[limit..].fill(0.0);
+    }
+    let mut o = vec![0.0f32; rows * d];
+    small_matmul(
+        rows, d, visible, &mut o, false, &scores, visible, 1, b.values, b.kv_width, 1,
+    );
+    o
+}
+
+/// Write per-(head, first row) outputs `[rows, d]` into `[T, heads*d]`.
+fn scatter(results: Vec<(usize, usize, Vec<f32>)>, t: usize, heads: usize, d: usize) -> Vec<f32> {
+    let width = heads * d;
+    let mut out = vec![0.0f32; t * width];
+    for (h, r0, o) in results {
+        for (i, row) in o.chunks(d).enumerate() {
+            let at = (r0 + i) * width + h * d;
+            out[at..at + d].copy_from_slice(row);
+        }
+    }
+    out
+}
 
 /// `q` `[T, heads*d]` at positions `start..start+T` where `start = S - T`; `keys`, `values`
 /// `[S, kv_heads*d]`. Returns `[T, heads*d]`.
@@ -24,72 +97,67 @@ pub fn causal(
     let t = q.len().checked_div(width).unwrap_or(0);
     let start = seq - t;
     let group = nh / nkv.max(1);
-    let scale = (d as f32).powf(-0.5);
-    let mut out = vec![0.0f32; t * width];
-    // Per (head, query block) tasks; each writes its own rows of its own head.
     let tasks: Vec<(usize, usize)> = (0..nh)
         .flat_map(|h| (0..t).step_by(QUERY_BLOCK).map(move |r| (h, r)))
         .collect();
-    let results: Vec<(usize, usize, Vec<f32>)> = tasks
+    let results = tasks
         .par_iter()
         .map(|&(h, r0)| {
-            let _ftz = FlushDenormals::new();
             let r1 = (r0 + QUERY_BLOCK).min(t);
-            let rows = r1 - r0;
             let kvh = h / group;
-            let visible = start + r1; // keys 0..visible are needed by the last row
-            let mut scores = vec![0.0f32; rows * visible];
-            small_matmul(
-                rows,
-                visible,
-                d,
-                &mut scores,
-                false,
-                &q[r0 * width + h * d..],
-                width,
-                1,
-                &keys[kvh * d..],
-                1,
+            let block = Block {
+                q: &q[r0 * width + h * d..],
+                q_width: width,
+                keys: &keys[kvh * d..],
+                values: &values[kvh * d..],
                 kv_width,
-            );
-            for (i, row) in scores.chunks_mut(visible).enumerate() {
-                let limit = start + r0 + i + 1;
-                let mut max = f32::NEG_INFINITY;
-                for s in row[..limit].iter_mut() {
-                    *s *= scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0.0f32;
-                for s in row[..limit].iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                row[..limit].iter_mut().for_each(|s| *s *= inv);
-                row[limit..].fill(0.0);
-            }
-            let mut o = vec![0.0f32; rows * d];
-            small_matmul(
-                rows,
+                rows: r1 - r0,
+                // keys 0..visible are needed by the last row
+                visible: start + r1,
                 d,
-                visible,
-                &mut o,
-                false,
-                &scores,
-                visible,
-                1,
-                &values[kvh * d..],
-                kv_width,
-                1,
-            );
-            (h, r0, o)
+            };
+            (h, r0, attend(&block, |i| start + r0 + i + 1))
         })
         .collect();
-    for (h, r0, o) in results {
-        for (i, row) in o.chunks(d).enumerate() {
-            let at = (r0 + i) * width + h * d;
-            out[at..at + d].copy_from_slice(row);
-        }
-    }
-    out
+    scatter(results, t, nh, d)
+}
+
+/// `q`, `k`, `v` `[T, heads*d]`; each row attends to the rows of its segment. Returns
+/// `[T, heads*d]`.
+pub fn segments(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    d: usize,
+    segments: &[Range<usize>],
+) -> Vec<f32> {
+    let width = heads * d;
+    let t = q.len().checked_div(width).unwrap_or(0);
+    let tasks: Vec<(usize, usize, &Range<usize>)> = (0..heads)
+        .flat_map(|h| {
+            segments
+                .iter()
+                .flat_map(move |s| s.clone().step_by(QUERY_BLOCK).map(move |r| (h, r, s)))
+        })
+        .collect();
+    let results = tasks
+        .par_iter()
+        .map(|&(h, r0, seg)| {
+            let r1 = (r0 + QUERY_BLOCK).min(seg.end);
+            let at = seg.start * width + h * d;
+            let block = Block {
+                q: &q[r0 * width + h * d..],
+                q_width: width,
+                keys: &k[at..],
+                values: &v[at..],
+                kv_width: width,
+                rows: r1 - r0,
+                visible: seg.len(),
+                d,
+            };
+            (h, r0, attend(&block, |_| seg.len()))
+        })
+        .collect();
+    scatter(results, t, heads, d)
 }

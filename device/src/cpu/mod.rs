@@ -2,6 +2,7 @@
 //! collectives are real reductions between the shards. This is the numerical reference of
 //! clef-tt and the backend of tests, CI and small deployments.
 
+mod activations;
 mod attention;
 pub mod delta_rule;
 mod denormals;
@@ -11,9 +12,10 @@ mod profile;
 pub use peak::fma_peak_gflops;
 
 use crate::{
-    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps,
+    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, Gelu, HostTensor, HostWeight, MeshOps,
     MeshShape, Result, RopeSpec, SharedBytes, WeightBytes, WeightFormat, WeightKind,
 };
+use activations::{gelu_erf, gelu_tanh, sigmoid, silu, softplus};
 use matmul::PackedWeight;
 use rayon::prelude::*;
 
@@ -189,23 +191,6 @@ fn layout(op: &'static str, expected: &'static str, got: Placement) -> DeviceErr
         op,
         expected,
         got: got.name(),
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// PyTorch's softplus (beta 1, threshold 20).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
     }
 }
 
@@ -847,6 +832,171 @@ impl MeshOps for CpuMesh {
                     }
                 });
             Ok(out)
+        })
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        b: &CpuWeight,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        let _t = self.timer("layer_norm");
+        self.elementwise("layer_norm", &[x], |d, p| {
+            let n = p[0].cols;
+            let (w, b) = (
+                Self::vector("layer_norm", w, d, n)?,
+                Self::vector("layer_norm", b, d, n)?,
+            );
+            let mut out = p[0].clone();
+            out.data
+                .par_chunks_mut(n * ROW_BLOCK.div_ceil(n.max(1)).max(1))
+                .for_each(|block| {
+                    for row in block.chunks_mut(n) {
+                        let mean = row.iter().sum::<f32>() / n as f32;
+                        let var =
+                            row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+                        let inv = 1.0 / (var + eps).sqrt();
+                        for ((v, wv), bv) in row.iter_mut().zip(w).zip(b) {
+                            *v = (*v - mean) * inv * wv + bv;
+                        }
+                    }
+                });
+            Ok(out)
+        })
+    }
+
+    fn add_bias(&self, x: &CpuTensor, b: &CpuWeight) -> Result<CpuTensor> {
+        let _t = self.timer("add_bias");
+        self.elementwise("add_bias", &[x], |d, p| {
+            let n = p[0].cols;
+            let b = Self::vector("add_bias", b, d, n)?;
+            let mut out = p[0].clone();
+            out.data.par_chunks_mut(n.max(1)).for_each(|row| {
+                row.iter_mut().zip(b).for_each(|(v, bv)| *v += bv);
+            });
+            Ok(out)
+        })
+    }
+
+    fn gelu(&self, x: &CpuTensor, kind: Gelu) -> Result<CpuTensor> {
+        let _t = self.timer("gelu");
+        let f = match kind {
+            Gelu::Tanh => gelu_tanh,
+            Gelu::Erf => gelu_erf,
+        };
+        self.elementwise("gelu", &[x], |_, p| {
+            let mut out = p[0].clone();
+            out.data
+                .par_chunks_mut(ROW_BLOCK)
+                .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+            Ok(out)
+        })
+    }
+
+    fn rotary(
+        &self,
+        x: &CpuTensor,
+        cos: &CpuTensor,
+        sin: &CpuTensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<CpuTensor> {
+        let _t = self.timer("rotary");
+        if cos.placement != Placement::Replicated || sin.placement != Placement::Replicated {
+            return Err(layout("rotary", "replicated tables", cos.placement));
+        }
+        self.elementwise("rotary", &[x], |d, p| {
+            let (s, cos, sin) = (p[0], &cos.shards[d], &sin.shards[d]);
+            if s.cols != heads * head_dim
+                || !head_dim.is_multiple_of(2)
+                || cos.rows != s.rows
+                || cos.cols != head_dim
+                || sin.rows != s.rows
+                || sin.cols != head_dim
+            {
+                return Err(shape(
+                    "rotary",
+                    format!(
+                        "{}x{} for {heads} heads x {head_dim} with tables {}x{}",
+                        s.rows, s.cols, cos.rows, cos.cols
+                    ),
+                ));
+            }
+            let half = head_dim / 2;
+            let mut out = s.clone();
+            out.data
+                .par_chunks_mut(s.cols.max(1))
+                .enumerate()
+                .for_each(|(r, row)| {
+                    let (c, sn) = (cos.row(r), sin.row(r));
+                    for head in row.chunks_mut(head_dim) {
+                        for j in 0..half {
+                            let (a, b) = (head[j], head[j + half]);
+                            head[j] = a * c[j] - b * sn[j];
+                            head[j + half] = b * c[j + half] + a * sn[j + half];
+                        }
+                    }
+                });
+            Ok(out)
+        })
+    }
+
+    fn segment_attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        heads: usize,
+        head_dim: usize,
+        segments: &[std::ops::Range<usize>],
+    ) -> Result<CpuTensor> {
+        let _t = self.timer("segment_attention");
+        self.elementwise("segment_attention", &[q, k, v], |_, p| {
+            let (q, k, v) = (p[0], p[1], p[2]);
+            let width = heads * head_dim;
+            let mut next = 0;
+            let tiled = segments.iter().all(|s| {
+                let ok = s.start == next && s.end > s.start;
+                next = s.end;
+                ok
+            }) && next == q.rows;
+            if q.cols != width
+                || k.cols != width
+                || v.cols != width
+                || k.rows != q.rows
+                || v.rows != q.rows
+                || !tiled
+            {
+                return Err(shape(
+                    "segment_attention",
+                    format!(
+                        "q {}x{}, k {}x{}, v {}x{} for {heads} heads x {head_dim}, segments {segments:?}",
+                        q.rows, q.cols, k.rows, k.cols, v.rows, v.cols
+                    ),
+                ));
+            }
+            let out = attention::segments(&q.data, &k.data, &v.data, heads, head_dim, segments);
+            Ok(HostTensor::new(q.rows, width, out))
+        })
+    }
+
+    fn fold_rows(&self, x: &CpuTensor, group: usize) -> Result<CpuTensor> {
+        let _t = self.timer("fold_rows");
+        self.elementwise("fold_rows", &[x], |_, p| {
+            let s = p[0];
+            if group == 0 || !s.rows.is_multiple_of(group) {
+                return Err(shape(
+                    "fold_rows",
+                    format!("{} rows in groups of {group}", s.rows),
+                ));
+            }
+            Ok(HostTensor::new(
+                s.rows / group,
+                s.cols * group,
+                s.data.clone(),
+            ))
         })
     }
 }
