@@ -1,4 +1,4 @@
-// clef-tt demo page: editors for a SystemOne request (state + typed questions), presets, the
+// clef-tt demo page: editors for a SystemOne request (state, images, typed questions), presets, the
 // answer with a bar for every option probability, and a replay mode that runs labelled JSONL
 // records and keeps a running accuracy. Everything goes through the public HTTP API.
 "use strict";
@@ -233,15 +233,59 @@ function buildRequest() {
     if (type === "noul" && criteria.trim()) q.criteria = namedLines(criteria);
     questions[key] = q;
   }
-  return { model: modelName, state, questions };
+  const request = { model: modelName, state, questions };
+  if (images.length) request.images = images.map((i) => i.url);
+  return request;
+}
+
+// The preview shortens data URLs (an image is megabytes of base64).
+function shortened(key, value) {
+  if (typeof value === "string" && value.startsWith("data:") && value.length > 80) {
+    return `${value.slice(0, value.indexOf(",") + 1)}… (${value.length} characters)`;
+  }
+  return value;
 }
 
 function updatePreview() {
   try {
-    $("request-preview").textContent = JSON.stringify(buildRequest(), null, 2);
+    $("request-preview").textContent = JSON.stringify(buildRequest(), shortened, 2);
   } catch (e) {
     $("request-preview").textContent = e.message;
   }
+}
+
+// ---- Images ------------------------------------------------------------------------------
+
+// Images attached to the state, sent in `images` as data URLs: { name, url }.
+let images = [];
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function addImages(files) {
+  for (const file of files) images.push({ name: file.name, url: await readAsDataUrl(file) });
+  $("images").value = "";
+  showImages();
+}
+
+function showImages() {
+  $("image-thumbs").replaceChildren(
+    ...images.map((i) => {
+      const img = document.createElement("img");
+      img.src = i.url;
+      img.alt = img.title = i.name;
+      return img;
+    }),
+  );
+  $("clear-images").hidden = images.length === 0;
+  $("image-list").textContent = images.length ? images.map((i) => i.name).join(", ") : "";
+  updatePreview();
 }
 
 function loadPreset(name) {
@@ -251,7 +295,8 @@ function loadPreset(name) {
   $("questions").replaceChildren();
   p.questions.forEach(addQuestion);
   $("preset-note").textContent = p.note || "";
-  updatePreview();
+  images = [];
+  showImages();
 }
 
 // ---- Answers -----------------------------------------------------------------------------
@@ -469,6 +514,11 @@ function wire() {
   $("add-question").addEventListener("click", () => addQuestion({ type: "choice" }));
   $("state").addEventListener("input", updatePreview);
   for (const r of document.querySelectorAll("input[name=state-mode]")) r.addEventListener("change", updatePreview);
+  $("images").addEventListener("change", (e) => addImages([...e.target.files]).catch((err) => showError(`Could not read the image: ${err}`)));
+  $("clear-images").addEventListener("click", () => {
+    images = [];
+    showImages();
+  });
   $("run").addEventListener("click", runAsk);
   $("replay-run").addEventListener("click", runReplay);
   $("replay-stop").addEventListener("click", () => {

@@ -327,6 +327,9 @@ enum BenchCommand {
         /// Format of the tower's matrices (f32, bf16, bfp8_b, bfp4_b).
         #[arg(long, default_value = "f32")]
         format: String,
+        /// Also print the time spent in each mesh op.
+        #[arg(long)]
+        profile: bool,
         #[arg(long, default_value_t = 1)]
         repeat: usize,
     },
@@ -668,6 +671,7 @@ fn main() -> anyhow::Result<()> {
                 sizes,
                 mesh,
                 format,
+                profile,
                 repeat,
             } => {
                 let sizes = sizes
@@ -688,8 +692,16 @@ fn main() -> anyhow::Result<()> {
                 let format = weight_format(&format)?;
                 let mut rows = Vec::new();
                 for shape in &mesh {
-                    let mesh = CpuMesh::new(shape.parse()?);
+                    let shape = shape.parse()?;
+                    let mesh = if profile {
+                        CpuMesh::with_profile(shape)
+                    } else {
+                        CpuMesh::new(shape)
+                    };
                     rows.extend(cli::bench::vision(&mesh, format, &sizes, repeat)?);
+                    for (op, seconds, calls) in mesh.profile_report() {
+                        eprintln!("  {shape} {op:>20}: {seconds:8.2} s in {calls} calls");
+                    }
                 }
                 print!("{}", cli::bench::vision_table(&rows));
             }

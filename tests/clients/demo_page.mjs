@@ -2,13 +2,16 @@
 // a `clef-tt serve` started with an API key: the page reports a missing key readably, then runs
 // the presets with the key; every rendered probability must equal the API's own answer to the
 // request the page sent; the repeated-state preset must show a prefix cache hit; bad input shows
-// readable errors; replay counts accuracy. Usage: node demo_page.mjs BASE_URL API_KEY SCREENSHOT
+// readable errors; replay counts accuracy; an attached image is sent as a data URL and answered
+// as the API answers the same request.
+// Usage: node demo_page.mjs BASE_URL API_KEY SCREENSHOT MEDIA_REQUESTS (goldens-media/requests.jsonl)
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 
-const [base, key, screenshot] = process.argv.slice(2);
-if (!base || !key || !screenshot) {
-  console.error("usage: node demo_page.mjs BASE_URL API_KEY SCREENSHOT.(png|jpg)");
+const [base, key, screenshot, mediaRequests] = process.argv.slice(2);
+if (!base || !key || !screenshot || !mediaRequests) {
+  console.error("usage: node demo_page.mjs BASE_URL API_KEY SCREENSHOT.(png|jpg) MEDIA_REQUESTS.jsonl");
   process.exit(2);
 }
 
@@ -99,6 +102,27 @@ try {
   assert.equal(typeof triage.state, "string");
   let bars = await checkAgainstApi(page, triage);
 
+  // An image attached to the state (a PNG of the media goldens) goes out as a data URL.
+  const golden = readFileSync(mediaRequests, "utf8")
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => JSON.parse(l))
+    .find((r) => r.id === "img_333x217_gradient_shapes");
+  const dataUrl = JSON.parse(golden.body).images[0];
+  assert.ok(dataUrl.startsWith("data:image/png;base64,"));
+  const png = Buffer.from(dataUrl.split(",")[1], "base64");
+  await page.setInputFiles("#images", { name: "shapes.png", mimeType: "image/png", buffer: png });
+  await page.waitForSelector("#image-thumbs img");
+  const withImage = await decideOnPage(page);
+  assert.match(withImage.images[0], /^data:image\/png;base64,… \(\d+ characters\)$/);
+  const sent = { ...withImage, images: [dataUrl] };
+  bars += await checkAgainstApi(page, sent);
+  const textOnly = await api(triage);
+  const imageAnswer = await api(sent);
+  assert.ok(imageAnswer.usage.input_tokens > textOnly.usage.input_tokens + 60, "the image's tokens count");
+  await page.click("#clear-images");
+  assert.equal(await page.locator("#image-thumbs img").count(), 0);
+
   // The invoice preset sends a JSON object as the state.
   await page.click("[data-preset=invoice]");
   const invoice = await decideOnPage(page);
@@ -148,7 +172,7 @@ try {
   assert.deepEqual(acc, { correct: "3", total: "4", failed: "1" });
 
   assert.deepEqual(pageErrors, []);
-  console.log(`demo page: ${bars} probabilities equal to the API's, cache hit shown, errors readable, replay 3/4 + 1 failed line`);
+  console.log(`demo page: ${bars} probabilities equal to the API's (one request with an image), cache hit shown, errors readable, replay 3/4 + 1 failed line`);
 } finally {
   await browser.close();
 }

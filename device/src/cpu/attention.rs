@@ -3,6 +3,7 @@
 //! queries) so the score block stays small at long contexts.
 
 use super::denormals::FlushDenormals;
+use super::exp::exp_in_place;
 use super::matmul::small_matmul;
 use crate::AttentionSpec;
 use rayon::prelude::*;
@@ -10,14 +11,20 @@ use std::ops::Range;
 
 /// Query rows handled at once.
 const QUERY_BLOCK: usize = 256;
+/// Query rows of a vision block: its score rows (a whole image wide) then stay in L2.
+const SEGMENT_QUERY_BLOCK: usize = 64;
 
 /// Where one block of queries of one head reads.
 struct Block<'a> {
     /// The first query row of the block, at column `head * d` of a row of width `q_width`.
     q: &'a [f32],
     q_width: usize,
-    /// The first visible key and value rows, at the column of this head's KV head.
+    /// The first visible key, at channel 0 of this head's KV head; channel `c` of key `j` is
+    /// at `c * key_channel_stride + j * key_stride`.
     keys: &'a [f32],
+    key_channel_stride: usize,
+    key_stride: usize,
+    /// The first visible value row, at the column of this head's KV head.
     values: &'a [f32],
     kv_width: usize,
     rows: usize,
@@ -26,24 +33,30 @@ struct Block<'a> {
     d: usize,
 }
 
-/// `softmax(q kᵀ · d^-0.5) v` for one block; query row `i` sees keys `0..limit(i)`.
-fn attend(b: &Block, limit: impl Fn(usize) -> usize) -> Vec<f32> {
+/// `softmax(q kᵀ · d^-0.5) v` for one block; query row `i` sees keys `0..limit(i)`. `scratch`
+/// holds the score block and is reused between the blocks a rayon job runs (a score block of a
+/// large image is megabytes; allocating it per block costs page faults, not arithmetic).
+fn attend(b: &Block, limit: impl Fn(usize) -> usize, scratch: &mut Vec<f32>) -> Vec<f32> {
     let _ftz = FlushDenormals::new();
     let (rows, visible, d) = (b.rows, b.visible, b.d);
     let scale = (d as f32).powf(-0.5);
-    let mut scores = vec![0.0f32; rows * visible];
+    if scratch.len() < rows * visible {
+        scratch.resize(rows * visible, 0.0);
+    }
+    // Every entry is written: the product below overwrites, the softmax zeroes the masked tail.
+    let scores = &mut scratch[..rows * visible];
     small_matmul(
         rows,
         visible,
         d,
-        &mut scores,
+        scores,
         false,
         b.q,
         b.q_width,
         1,
         b.keys,
-        1,
-        b.kv_width,
+        b.key_channel_stride,
+        b.key_stride,
     );
     for (i, row) in scores.chunks_mut(visible).enumerate() {
         let limit = limit(i);
@@ -52,18 +65,16 @@ fn attend(b: &Block, limit: impl Fn(usize) -> usize) -> Vec<f32> {
             *s *= scale;
             max = max.max(*s);
         }
-        let mut sum = 0.0f32;
-        for s in row[..limit].iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
+        row[..limit].iter_mut().for_each(|s| *s -= max);
+        exp_in_place(&mut row[..limit]);
+        let sum: f32 = row[..limit].iter().sum();
         let inv = 1.0 / sum;
         row[..limit].iter_mut().for_each(|s| *s *= inv);
         row[limit..].fill(0.0);
     }
     let mut o = vec![0.0f32; rows * d];
     small_matmul(
-        rows, d, visible, &mut o, false, &scores, visible, 1, b.values, b.kv_width, 1,
+        rows, d, visible, &mut o, false, scores, visible, 1, b.values, b.kv_width, 1,
     );
     o
 }
@@ -102,13 +113,15 @@ pub fn causal(
         .collect();
     let results = tasks
         .par_iter()
-        .map(|&(h, r0)| {
+        .map_init(Vec::new, |scratch, &(h, r0)| {
             let r1 = (r0 + QUERY_BLOCK).min(t);
             let kvh = h / group;
             let block = Block {
                 q: &q[r0 * width + h * d..],
                 q_width: width,
                 keys: &keys[kvh * d..],
+                key_channel_stride: 1,
+                key_stride: kv_width,
                 values: &values[kvh * d..],
                 kv_width,
                 rows: r1 - r0,
@@ -116,7 +129,7 @@ pub fn causal(
                 visible: start + r1,
                 d,
             };
-            (h, r0, attend(&block, |i| start + r0 + i + 1))
+            (h, r0, attend(&block, |i| start + r0 + i + 1, scratch))
         })
         .collect();
     scatter(results, t, nh, d)
@@ -134,29 +147,46 @@ pub fn segments(
 ) -> Vec<f32> {
     let width = heads * d;
     let t = q.len().checked_div(width).unwrap_or(0);
+    // Each head's keys transposed once, `[d, T]`, so every query block reads them with unit
+    // stride (a block would otherwise transpose its segment's keys again).
+    let transposed: Vec<Vec<f32>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let mut kt = vec![0.0f32; d * t];
+            for (j, row) in k.chunks_exact(width).enumerate() {
+                for (c, &x) in row[h * d..(h + 1) * d].iter().enumerate() {
+                    kt[c * t + j] = x;
+                }
+            }
+            kt
+        })
+        .collect();
     let tasks: Vec<(usize, usize, &Range<usize>)> = (0..heads)
         .flat_map(|h| {
-            segments
-                .iter()
-                .flat_map(move |s| s.clone().step_by(QUERY_BLOCK).map(move |r| (h, r, s)))
+            segments.iter().flat_map(move |s| {
+                s.clone()
+                    .step_by(SEGMENT_QUERY_BLOCK)
+                    .map(move |r| (h, r, s))
+            })
         })
         .collect();
     let results = tasks
         .par_iter()
-        .map(|&(h, r0, seg)| {
-            let r1 = (r0 + QUERY_BLOCK).min(seg.end);
-            let at = seg.start * width + h * d;
+        .map_init(Vec::new, |scratch, &(h, r0, seg)| {
+            let r1 = (r0 + SEGMENT_QUERY_BLOCK).min(seg.end);
             let block = Block {
                 q: &q[r0 * width + h * d..],
                 q_width: width,
-                keys: &k[at..],
-                values: &v[at..],
+                keys: &transposed[h][seg.start..],
+                key_channel_stride: t,
+                key_stride: 1,
+                values: &v[seg.start * width + h * d..],
                 kv_width: width,
                 rows: r1 - r0,
                 visible: seg.len(),
                 d,
             };
-            (h, r0, attend(&block, |_| seg.len()))
+            (h, r0, attend(&block, |_| seg.len(), scratch))
         })
         .collect();
     scatter(results, t, heads, d)

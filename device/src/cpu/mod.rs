@@ -6,6 +6,7 @@ mod activations;
 mod attention;
 pub mod delta_rule;
 mod denormals;
+pub mod exp;
 pub mod matmul;
 mod peak;
 mod profile;
@@ -15,7 +16,7 @@ use crate::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, Gelu, HostTensor, HostWeight, MeshOps,
     MeshShape, Result, RopeSpec, SharedBytes, WeightBytes, WeightFormat, WeightKind,
 };
-use activations::{gelu_erf, gelu_tanh, sigmoid, silu, softplus};
+use activations::{gelu_erf, gelu_tanh_in_place, sigmoid, silu, softplus};
 use matmul::PackedWeight;
 use rayon::prelude::*;
 
@@ -882,15 +883,12 @@ impl MeshOps for CpuMesh {
 
     fn gelu(&self, x: &CpuTensor, kind: Gelu) -> Result<CpuTensor> {
         let _t = self.timer("gelu");
-        let f = match kind {
-            Gelu::Tanh => gelu_tanh,
-            Gelu::Erf => gelu_erf,
-        };
         self.elementwise("gelu", &[x], |_, p| {
             let mut out = p[0].clone();
-            out.data
-                .par_chunks_mut(ROW_BLOCK)
-                .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+            out.data.par_chunks_mut(ROW_BLOCK).for_each(|c| match kind {
+                Gelu::Tanh => gelu_tanh_in_place(c),
+                Gelu::Erf => c.iter_mut().for_each(|v| *v = gelu_erf(*v)),
+            });
             Ok(out)
         })
     }
