@@ -138,11 +138,25 @@ impl VisionPlan {
         check(shape.intermediate, "intermediate_size")?;
         check(shape.merged(), "the merger width")?;
         check(shape.patch_values, "the patch row width")?;
+        let bad = |what: String| Err(VisionPlanError { devices, what });
         if shape.heads == 0 || !shape.hidden.is_multiple_of(shape.heads) {
-            return Err(VisionPlanError {
-                devices,
-                what: format!("hidden size {} over {} heads", shape.hidden, shape.heads),
-            });
+            return bad(format!(
+                "hidden size {} over {} heads",
+                shape.hidden, shape.heads
+            ));
+        }
+        if shape.head_dim() == 0 || !shape.head_dim().is_multiple_of(4) {
+            return bad(format!(
+                "head size {} is not a multiple of 4 (2-D rotary halves per axis)",
+                shape.head_dim()
+            ));
+        }
+        let side = (shape.positions as f64).sqrt() as usize;
+        if shape.positions == 0 || side * side != shape.positions {
+            return bad(format!(
+                "num_position_embeddings ({}) is not a square grid",
+                shape.positions
+            ));
         }
         let h = shape.hidden;
         let blocks = (0..shape.depth)
@@ -228,9 +242,26 @@ mod tests {
     }
 
     #[test]
-    fn a_head_count_the_mesh_cannot_split_is_refused() {
+    fn shapes_the_tower_cannot_run_are_refused() {
         let odd = VisionShape { heads: 3, ..TINY };
         let e = VisionPlan::new(&odd, 2).unwrap_err();
         assert!(e.to_string().contains("num_heads (3)"), "{e}");
+        let narrow = VisionShape {
+            hidden: 12,
+            heads: 2,
+            ..TINY
+        };
+        assert!(VisionPlan::new(&narrow, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 4"));
+        let table = VisionShape {
+            positions: 60,
+            ..TINY
+        };
+        assert!(VisionPlan::new(&table, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("square"));
     }
 }
