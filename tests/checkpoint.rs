@@ -243,3 +243,30 @@ fn a_hub_id_resolves_in_the_local_cache_and_nothing_is_downloaded() {
     assert!(e.to_string().contains("never downloads"), "{e}");
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+/// A vision config the processor or the tower cannot serve stops the load with a message that
+/// names it: other patch sizes, a merger width that is not the text model's, heads that do
+/// not split over the mesh.
+#[test]
+fn vision_configs_the_tower_cannot_serve_are_refused_at_load() {
+    let src = common::fixtures().join("tiny-clef");
+    for (key, value, message) in [
+        ("patch_size", 14, "14-pixel patches"),
+        ("out_hidden_size", 32, "out_hidden_size 32"),
+        ("num_heads", 1, "num_heads (1)"),
+    ] {
+        let scratch = Scratch::of(&src, &format!("vision-{key}"));
+        let path = scratch.0.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        config["vision_config"][key] = serde_json::json!(value);
+        std::fs::write(&path, config.to_string()).unwrap();
+        let ckpt = Checkpoint::open(&scratch.0).unwrap();
+        let mesh = clef_device::cpu::CpuMesh::new(clef_device::MeshShape::PAIR);
+        let e = match clef_tt::media::load_tower(&ckpt, &mesh, clef_device::WeightFormat::F32) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{key}: loaded"),
+        };
+        assert!(e.contains(message), "{key}: {e}");
+    }
+}

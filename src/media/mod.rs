@@ -12,11 +12,12 @@ use crate::api::ApiError;
 use crate::backbone::{CheckpointSource, LoadError};
 use crate::checkpoint::{Checkpoint, CheckpointError, VISION_PREFIX};
 use clef_device::{MeshOps, WeightFormat};
+use clef_vision::preprocess::{MERGE, TEMPORAL};
 use clef_vision::tower::{LoadError as TowerLoadError, VisionShape, VisionTower};
 use clef_vision::{
     decode_image, decode_media_string, media_block, mrope_positions, patch_rows, resize,
     sample_frames, smart_resize, timestamps, Grid, MediaBlock, MediaTokens, RgbImage, VideoTokens,
-    ROW_VALUES,
+    PATCH, ROW_VALUES,
 };
 use remote::RemoteImages;
 use serde_json::Value;
@@ -254,25 +255,35 @@ pub fn tower_shape(ckpt: &Checkpoint) -> Result<Option<VisionShape>, CheckpointE
     let Some(c) = &ckpt.config.vision else {
         return Ok(None);
     };
-    let patch_values = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
-    if patch_values != ROW_VALUES || c.spatial_merge_size != clef_vision::preprocess::MERGE {
-        return Err(CheckpointError::Config {
-            file: ckpt.dir.join("config.json").display().to_string(),
-            msg: format!(
-                "vision_config: patches of {patch_values} values merged {}x{} are not supported \
-                 (the processor makes {ROW_VALUES}-value patches merged 2x2)",
-                c.spatial_merge_size, c.spatial_merge_size
-            ),
-        });
+    let config_error = |msg: String| CheckpointError::Config {
+        file: ckpt.dir.join("config.json").display().to_string(),
+        msg,
+    };
+    let (patch, temporal, merge) = (c.patch_size, c.temporal_patch_size, c.spatial_merge_size);
+    if (c.in_channels, patch, temporal, merge) != (3, PATCH, TEMPORAL, MERGE) {
+        return Err(config_error(format!(
+            "vision_config: {} channels, {patch}-pixel patches of {temporal} frames merged \
+             {merge}x{merge} are not supported (the processor makes RGB {PATCH}-pixel patches of \
+             {TEMPORAL} frames merged {MERGE}x{MERGE})",
+            c.in_channels
+        )));
+    }
+    let text_hidden = ckpt.config.text.hidden_size;
+    let out_hidden = c.out_hidden_size.unwrap_or(text_hidden);
+    if out_hidden != text_hidden {
+        return Err(config_error(format!(
+            "vision_config.out_hidden_size {out_hidden} differs from the text model's hidden \
+             size {text_hidden}"
+        )));
     }
     Ok(Some(VisionShape {
         depth: c.depth,
         hidden: c.hidden_size,
         heads: c.num_heads,
         intermediate: c.intermediate_size,
-        out_hidden: c.out_hidden_size.unwrap_or(ckpt.config.text.hidden_size),
+        out_hidden,
         positions: c.num_position_embeddings,
-        patch_values,
+        patch_values: ROW_VALUES,
     }))
 }
 
