@@ -164,6 +164,17 @@ enum Fill {
     LogUniform { lo: f32, hi: f32 },
 }
 
+impl Fill {
+    /// One value, drawing from `state`.
+    fn sample(self, state: &mut u64) -> f32 {
+        let u = (splitmix(state) >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+        match self {
+            Fill::Uniform { mean, std } => mean + std * 3f32.sqrt() * (2.0 * u - 1.0),
+            Fill::LogUniform { lo, hi } => (lo + (hi - lo) * u).ln(),
+        }
+    }
+}
+
 fn fill_for(name: &str, std: f32) -> Fill {
     let zero_centred_norm = name.ends_with("layernorm.weight")
         || name.ends_with("q_norm.weight")
@@ -239,11 +250,7 @@ fn random_bf16(n: usize, fill: Fill, seed: u64) -> Vec<u8> {
         .for_each(|(b, chunk)| {
             let mut s = seed ^ ((b as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93));
             for c in chunk.chunks_exact_mut(2) {
-                let u = (splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-                let v = match fill {
-                    Fill::Uniform { mean, std } => mean + std * 3f32.sqrt() * (2.0 * u - 1.0),
-                    Fill::LogUniform { lo, hi } => (lo + (hi - lo) * u).ln(),
-                };
+                let v = fill.sample(&mut s);
                 c.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
             }
         });
@@ -429,7 +436,8 @@ impl clef_device::plan::WeightSource for RandomVisionWeights {
         _matrix: bool,
     ) -> Result<clef_device::HostWeight, Self::Error> {
         let s = &self.shape;
-        let cols = if tensor.ends_with(".bias") || tensor.contains("norm") {
+        let norm = tensor.contains("norm");
+        let cols = if tensor.ends_with(".bias") || norm {
             1
         } else if tensor.starts_with("patch_embed") {
             s.patch_values
@@ -440,25 +448,24 @@ impl clef_device::plan::WeightSource for RandomVisionWeights {
         } else {
             s.hidden
         };
-        let mut name_hash = self.seed;
-        for b in tensor.bytes() {
-            name_hash = (name_hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        let half_width = 0.02 * 3f32.sqrt();
+        let fill = match (norm, tensor.ends_with("weight")) {
+            (true, true) => Fill::Uniform {
+                mean: 1.0,
+                std: 0.0,
+            },
+            (true, false) => Fill::Uniform {
+                mean: 0.0,
+                std: 0.0,
+            },
+            _ => Fill::Uniform {
+                mean: 0.0,
+                std: 0.02,
+            },
+        };
+        let seed = name_seed(self.seed, tensor);
         let data = (rows.start * cols..rows.end * cols)
-            .map(|i| {
-                if tensor.contains("norm") {
-                    if tensor.ends_with("weight") {
-                        1.0
-                    } else {
-                        0.0
-                    }
-                } else {
-                    let mut state = name_hash ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    let u = (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32;
-                    (u * 2.0 - 1.0) * half_width
-                }
-            })
+            .into_par_iter()
+            .map(|i| fill.sample(&mut (seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
             .collect();
         Ok(clef_device::HostWeight::f32(rows.len(), cols, data))
     }

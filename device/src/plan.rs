@@ -3,7 +3,7 @@
 //! vision tower's plan are both lists of [`WeightPlan`]s; [`WeightPlan::device_parts`] turns
 //! one into a host part per device, reading rows through a [`WeightSource`].
 
-use crate::HostWeight;
+use crate::{DeviceError, HostWeight, MeshOps, WeightFormat, WeightKind};
 use std::ops::Range;
 
 /// How a weight is laid over the devices.
@@ -73,6 +73,16 @@ pub struct SplitError {
     pub msg: String,
 }
 
+/// Why a planned weight could not be placed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError<E: std::error::Error + 'static> {
+    /// Reading or splitting it.
+    #[error(transparent)]
+    Source(E),
+    #[error("placing {tensor}: {source}")]
+    Device { tensor: String, source: DeviceError },
+}
+
 /// Where planned weights are read from (a checkpoint under some tensor-name prefix).
 pub trait WeightSource {
     type Error: From<SplitError>;
@@ -98,6 +108,35 @@ impl WeightPlan {
     /// A vector held whole by every device.
     pub fn replicated_vector(tensor: String, len: usize) -> Self {
         WeightPlan::new(vec![Part::whole(tensor, len)], Split::Replicated, false)
+    }
+
+    /// Read, split and upload the weight to `mesh`: a matrix in `format`, a vector in f32.
+    pub fn place<B: MeshOps, S: WeightSource>(
+        &self,
+        mesh: &B,
+        source: &S,
+        format: WeightFormat,
+    ) -> Result<B::Weight, PlaceError<S::Error>>
+    where
+        S::Error: std::error::Error + 'static,
+    {
+        let parts = self
+            .device_parts(source, mesh.mesh().devices())
+            .map_err(PlaceError::Source)?;
+        let (kind, format) = if self.matrix {
+            (WeightKind::Matrix, format)
+        } else {
+            (WeightKind::Vector, WeightFormat::F32)
+        };
+        mesh.upload_weight(parts, format, kind)
+            .map_err(|source| PlaceError::Device {
+                tensor: self
+                    .parts
+                    .first()
+                    .map(|p| p.tensor.clone())
+                    .unwrap_or_default(),
+                source,
+            })
     }
 
     /// The part each of `devices` devices holds.

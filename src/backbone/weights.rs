@@ -3,8 +3,8 @@
 
 use super::plan::{MixerPlan, TpPlan, WeightPlan};
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorStore, TEXT_PREFIX};
-use clef_device::plan::WeightSource;
-use clef_device::{HostWeight, MeshOps, WeightFormat, WeightKind};
+use clef_device::plan::{PlaceError, WeightSource};
+use clef_device::{HostWeight, MeshOps, WeightFormat};
 
 /// Errors while placing weights.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +23,15 @@ pub enum LoadError {
     /// A walk over the weights stopped by its visitor (which keeps the reason).
     #[error("stopped: {0}")]
     Stopped(&'static str),
+}
+
+impl From<PlaceError<CheckpointError>> for LoadError {
+    fn from(e: PlaceError<CheckpointError>) -> Self {
+        match e {
+            PlaceError::Source(e) => LoadError::Checkpoint(e),
+            PlaceError::Device { tensor, source } => LoadError::Device { tensor, source },
+        }
+    }
 }
 
 /// A layer's weights on the mesh.
@@ -121,17 +130,11 @@ fn place<B: MeshOps>(
     plan: &WeightPlan,
     format: WeightFormat,
 ) -> Result<B::Weight, LoadError> {
-    let parts = device_parts(store, plan, mesh.mesh().devices())?;
-    let kind = if plan.matrix {
-        WeightKind::Matrix
-    } else {
-        WeightKind::Vector
+    let source = CheckpointSource {
+        store,
+        prefix: TEXT_PREFIX,
     };
-    mesh.upload_weight(parts, format, kind)
-        .map_err(|source| LoadError::Device {
-            tensor: plan.parts[0].tensor.clone(),
-            source,
-        })
+    Ok(plan.place(mesh, &source, format)?)
 }
 
 /// Every layer's weights and the final norm, on the mesh.

@@ -11,8 +11,8 @@ pub mod inputs;
 pub mod plan;
 
 use crate::preprocess::{Grid, MERGE};
-use clef_device::plan::{Collective, WeightPlan, WeightSource};
-use clef_device::{DeviceError, GatherAxis, Gelu, HostTensor, MeshOps, WeightFormat, WeightKind};
+use clef_device::plan::{Collective, PlaceError, WeightPlan, WeightSource};
+use clef_device::{DeviceError, GatherAxis, Gelu, HostTensor, MeshOps, WeightFormat};
 pub use inputs::TowerInputs;
 pub use plan::{VisionPlan, VisionPlanError, VisionShape};
 
@@ -23,11 +23,9 @@ const NORM_EPS: f32 = 1e-6;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError<E: std::error::Error + 'static> {
     #[error(transparent)]
-    Source(E),
+    Place(#[from] PlaceError<E>),
     #[error(transparent)]
     Plan(#[from] VisionPlanError),
-    #[error("placing {tensor}: {source}")]
-    Device { tensor: String, source: DeviceError },
 }
 
 /// `y = x·Wᵀ + b` on the mesh.
@@ -78,27 +76,7 @@ where
     S::Error: std::error::Error + 'static,
 {
     fn place(&mut self, plan: &WeightPlan) -> Result<B::Weight, LoadError<S::Error>> {
-        let devices = self.mesh.mesh().devices();
-        let parts = plan
-            .device_parts(self.source, devices)
-            .map_err(LoadError::Source)?;
-        let kind = if plan.matrix {
-            WeightKind::Matrix
-        } else {
-            WeightKind::Vector
-        };
-        let format = if plan.matrix {
-            self.format
-        } else {
-            WeightFormat::F32
-        };
-        let w = self
-            .mesh
-            .upload_weight(parts, format, kind)
-            .map_err(|source| LoadError::Device {
-                tensor: plan.parts[0].tensor.clone(),
-                source,
-            })?;
+        let w = plan.place(self.mesh, self.source, self.format)?;
         self.bytes += self.mesh.weight_bytes(&w);
         Ok(w)
     }
@@ -133,7 +111,7 @@ impl<B: MeshOps> VisionTower<B> {
         let plan = VisionPlan::new(&shape, mesh.mesh().devices())?;
         let position_table = source
             .rows("pos_embed.weight", 0..shape.positions, false)
-            .map_err(LoadError::Source)?
+            .map_err(PlaceError::Source)?
             .to_f32();
         let mut p = Placer {
             mesh,
