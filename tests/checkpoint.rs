@@ -246,7 +246,7 @@ fn a_hub_id_resolves_in_the_local_cache_and_nothing_is_downloaded() {
 
 /// A vision config the processor or the tower cannot serve stops the load with a message that
 /// names it: other patch sizes, a merger width that is not the text model's, heads that do
-/// not split over the mesh.
+/// not split over the mesh, a position table narrower than the configured width.
 #[test]
 fn vision_configs_the_tower_cannot_serve_are_refused_at_load() {
     let src = common::fixtures().join("tiny-clef");
@@ -254,6 +254,7 @@ fn vision_configs_the_tower_cannot_serve_are_refused_at_load() {
         ("patch_size", 14, "14-pixel patches"),
         ("out_hidden_size", 32, "out_hidden_size 32"),
         ("num_heads", 1, "num_heads (1)"),
+        ("hidden_size", 64, "32 columns for hidden size 64"),
     ] {
         let scratch = Scratch::of(&src, &format!("vision-{key}"));
         let path = scratch.0.join("config.json");

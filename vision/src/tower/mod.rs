@@ -11,7 +11,7 @@ pub mod inputs;
 pub mod plan;
 
 use crate::preprocess::{Grid, MERGE};
-use clef_device::plan::{Collective, PlaceError, WeightPlan, WeightSource};
+use clef_device::plan::{Collective, PlaceError, SplitError, WeightPlan, WeightSource};
 use clef_device::{DeviceError, GatherAxis, Gelu, HostTensor, MeshOps, WeightFormat};
 pub use inputs::TowerInputs;
 pub use plan::{VisionPlan, VisionPlanError, VisionShape};
@@ -109,10 +109,17 @@ impl<B: MeshOps> VisionTower<B> {
         S::Error: std::error::Error + 'static,
     {
         let plan = VisionPlan::new(&shape, mesh.mesh().devices())?;
-        let position_table = source
+        let table = source
             .rows("pos_embed.weight", 0..shape.positions, false)
-            .map_err(PlaceError::Source)?
-            .to_f32();
+            .map_err(PlaceError::Source)?;
+        if table.cols != shape.hidden {
+            let e = SplitError {
+                tensor: "pos_embed.weight".into(),
+                msg: format!("{} columns for hidden size {}", table.cols, shape.hidden),
+            };
+            return Err(PlaceError::Source(e.into()).into());
+        }
+        let position_table = table.to_f32();
         let mut p = Placer {
             mesh,
             source,
