@@ -185,16 +185,7 @@ fn every_golden_record_matches_the_f32_reference() {
 /// expected_bf16 ... probabilities within a few 1e-2").
 #[test]
 fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let profile = clef_tt::precision::Precision::resolve("bf16", |_| None).unwrap();
-    let mesh = CpuMesh::new(MeshShape::PAIR).with_numerics(profile.numerics());
-    let pipeline = Pipeline::load(
-        &ckpt,
-        mesh,
-        &profile.weight_formats(),
-        profile.bf16_embeddings(),
-    )
-    .unwrap();
+    let pipeline = common::profile_pipeline("bf16", MeshShape::PAIR);
     let (mut worst, mut answered) = (0.0f64, 0);
     for (req, exp) in lines("requests.jsonl")
         .iter()

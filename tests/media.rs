@@ -375,16 +375,7 @@ fn media_goldens_are_answered_end_to_end() {
 /// the reference's own f32 and bf16 runs differ by up to 0.029), JPEG decoding on top.
 #[test]
 fn media_goldens_under_the_bf16_profile_on_two_devices() {
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let profile = Precision::resolve("bf16", |_| None).unwrap();
-    let mesh = CpuMesh::new(MeshShape::PAIR).with_numerics(profile.numerics());
-    let pipeline = Pipeline::load(
-        &ckpt,
-        mesh,
-        &profile.weight_formats(),
-        profile.bf16_embeddings(),
-    )
-    .unwrap();
+    let pipeline = common::profile_pipeline("bf16", MeshShape::PAIR);
     answer_goldens(&pipeline, "expected_bf16.jsonl", 5e-2, 5e-2);
 }
 

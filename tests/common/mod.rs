@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: fixture paths and f32 tensors from safetensors.
+//! Helpers shared by the integration tests: fixture paths, f32 tensors from safetensors, the
+//! fixture's pipeline under a precision profile.
 #![allow(dead_code)]
 
 pub mod server;
@@ -7,6 +8,24 @@ use std::path::PathBuf;
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The tiny fixture's pipeline under precision profile `profile` (weight formats and the
+/// matrix engine's numerics) on a CPU mesh of `shape`.
+pub fn profile_pipeline(
+    profile: &str,
+    shape: clef_device::MeshShape,
+) -> clef_tt::engine::Pipeline<clef_device::cpu::CpuMesh> {
+    let ckpt = clef_tt::checkpoint::Checkpoint::open(&fixtures().join("tiny-clef")).unwrap();
+    let profile = clef_tt::precision::Precision::resolve(profile, |_| None).unwrap();
+    let mesh = clef_device::cpu::CpuMesh::new(shape).with_numerics(profile.numerics());
+    clef_tt::engine::Pipeline::load(
+        &ckpt,
+        mesh,
+        &profile.weight_formats(),
+        profile.bf16_embeddings(),
+    )
+    .unwrap()
 }
 
 /// Every tensor of a safetensors file, as (shape, f32 values) — i64, f64 and u8 tensors are
