@@ -65,6 +65,35 @@ impl Collective {
     }
 }
 
+/// A model (or part of one) that cannot be laid over this many devices.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot split {part} over {devices} devices: {what}")]
+pub struct PlanError {
+    /// What was being split ("the model", "the vision tower").
+    pub part: &'static str,
+    pub devices: usize,
+    pub what: String,
+}
+
+impl PlanError {
+    /// `Ok` when `n` (a head or channel count named `what`) splits evenly over `devices`.
+    pub fn check_divisible(
+        part: &'static str,
+        devices: usize,
+        n: usize,
+        what: &str,
+    ) -> Result<(), PlanError> {
+        if devices == 0 || !n.is_multiple_of(devices) {
+            return Err(PlanError {
+                part,
+                devices,
+                what: format!("{what} ({n}) is not a multiple of the device count"),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A planned weight whose rows do not split evenly over the devices.
 #[derive(Debug, thiserror::Error)]
 #[error("{tensor}: {msg}")]

@@ -10,7 +10,7 @@
 
 use crate::checkpoint::{LayerKind, TextConfig};
 
-pub use clef_device::plan::{Collective, Part, Split, WeightPlan};
+pub use clef_device::plan::{Collective, Part, PlanError, Split, WeightPlan};
 
 /// The mixer half of a layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,28 +55,12 @@ pub struct TpPlan {
     pub final_norm: WeightPlan,
 }
 
-/// A plan that cannot be laid on this mesh.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot split the model over {devices} devices: {what}")]
-pub struct PlanError {
-    pub devices: usize,
-    pub what: String,
-}
-
 impl TpPlan {
     /// The plan for `devices` devices (1 or 2 on a line mesh; any count that divides the
     /// heads works).
     pub fn new(cfg: &TextConfig, devices: usize) -> Result<Self, PlanError> {
-        let check = |n: usize, what: &str| {
-            if devices == 0 || !n.is_multiple_of(devices) {
-                Err(PlanError {
-                    devices,
-                    what: format!("{what} ({n}) is not a multiple of the device count"),
-                })
-            } else {
-                Ok(())
-            }
-        };
+        let check =
+            |n: usize, what: &str| PlanError::check_divisible("the model", devices, n, what);
         check(cfg.intermediate_size, "intermediate_size")?;
         if cfg.count(LayerKind::Attention) > 0 {
             check(cfg.num_key_value_heads, "num_key_value_heads")?;

@@ -13,8 +13,6 @@ pub enum LoadError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Plan(#[from] super::plan::PlanError),
-    #[error(transparent)]
-    VisionPlan(#[from] clef_vision::tower::VisionPlanError),
     #[error("placing {tensor}: {source}")]
     Device {
         tensor: String,

@@ -304,7 +304,7 @@ pub fn load_tower<B: MeshOps>(
     let t0 = std::time::Instant::now();
     let tower = VisionTower::load(mesh, shape, format, &source).map_err(|e| match e {
         TowerLoadError::Place(e) => LoadError::from(e),
-        TowerLoadError::Plan(e) => LoadError::VisionPlan(e),
+        TowerLoadError::Plan(e) => LoadError::Plan(e),
     })?;
     tracing::info!(
         ms = t0.elapsed().as_millis() as u64,

@@ -11,10 +11,10 @@ pub mod inputs;
 pub mod plan;
 
 use crate::preprocess::{Grid, MERGE};
-use clef_device::plan::{Collective, PlaceError, SplitError, WeightPlan, WeightSource};
+use clef_device::plan::{Collective, PlaceError, PlanError, SplitError, WeightPlan, WeightSource};
 use clef_device::{DeviceError, GatherAxis, Gelu, HostTensor, MeshOps, WeightFormat};
 pub use inputs::TowerInputs;
-pub use plan::{VisionPlan, VisionPlanError, VisionShape};
+pub use plan::{VisionPlan, VisionShape};
 
 /// LayerNorm eps of the tower.
 const NORM_EPS: f32 = 1e-6;
@@ -25,7 +25,7 @@ pub enum LoadError<E: std::error::Error + 'static> {
     #[error(transparent)]
     Place(#[from] PlaceError<E>),
     #[error(transparent)]
-    Plan(#[from] VisionPlanError),
+    Plan(#[from] PlanError),
 }
 
 /// `y = x·Wᵀ + b` on the mesh.

@@ -6,7 +6,7 @@
 //! column-parallel and its `fc2` row-parallel. LayerNorms, the biases of row-parallel
 //! projections (added once, after the reduction) and the position table are whole everywhere.
 
-use clef_device::plan::{Collective, Part, Split, WeightPlan};
+use clef_device::plan::{Collective, Part, PlanError, Split, WeightPlan};
 
 /// The shape of a vision tower (`vision_config`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,14 +73,6 @@ pub struct VisionPlan {
     pub reduce: Collective,
 }
 
-/// A tower that cannot be laid on this mesh.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot split the vision tower over {devices} devices: {what}")]
-pub struct VisionPlanError {
-    pub devices: usize,
-    pub what: String,
-}
-
 fn norm(name: &str, n: usize) -> NormPlan {
     NormPlan {
         weight: WeightPlan::replicated_vector(format!("{name}.weight"), n),
@@ -123,22 +115,20 @@ fn rows(name: &str, outputs: usize) -> LinearPlan {
 }
 
 impl VisionPlan {
-    pub fn new(shape: &VisionShape, devices: usize) -> Result<Self, VisionPlanError> {
-        let check = |n: usize, what: &str| {
-            if devices == 0 || !n.is_multiple_of(devices) {
-                Err(VisionPlanError {
-                    devices,
-                    what: format!("{what} ({n}) is not a multiple of the device count"),
-                })
-            } else {
-                Ok(())
-            }
-        };
+    pub fn new(shape: &VisionShape, devices: usize) -> Result<Self, PlanError> {
+        const PART: &str = "the vision tower";
+        let check = |n: usize, what: &str| PlanError::check_divisible(PART, devices, n, what);
         check(shape.heads, "num_heads")?;
         check(shape.intermediate, "intermediate_size")?;
         check(shape.merged(), "the merger width")?;
         check(shape.patch_values, "the patch row width")?;
-        let bad = |what: String| Err(VisionPlanError { devices, what });
+        let bad = |what: String| {
+            Err(PlanError {
+                part: PART,
+                devices,
+                what,
+            })
+        };
         if shape.heads == 0 || !shape.hidden.is_multiple_of(shape.heads) {
             return bad(format!(
                 "hidden size {} over {} heads",
