@@ -111,6 +111,37 @@ fn tiny_clef_final_hidden_rows_match_the_golden_records() {
     }
 }
 
+/// The three golden records' final rows through the Tenstorrent C ABI (host shim) on 1x1 and
+/// 1x2: within 1e-5 × RMS of the CPU mesh (and so of the reference).
+#[test]
+fn tiny_clef_final_hidden_rows_through_the_tt_shim_equal_the_cpu_mesh() {
+    let goldens = read_tensors(&fixtures().join("tiny-clef/goldens/tensors_f32.safetensors"));
+    let ckpt = Checkpoint::open_text(&fixtures().join("tiny-clef")).unwrap();
+    let cpu = backbone("tiny-clef", MeshShape::ONE);
+    for shape in [MeshShape::ONE, MeshShape::PAIR] {
+        let tt = Backbone::load(
+            &ckpt,
+            common::tt_mesh(shape, Default::default()),
+            WeightFormat::F32,
+        )
+        .unwrap();
+        for case in ["triage_readme", "json_state_unicode", "many_questions_24"] {
+            let ids: Vec<u32> = goldens[&format!("{case}.input_ids")]
+                .1
+                .iter()
+                .map(|&v| v as u32)
+                .collect();
+            let (want, _) = cpu.prefill(&ids, None).unwrap();
+            let (got, _) = tt.prefill(&ids, None).unwrap();
+            let err = max_rel_row_error(&got.data, &want.data, 64);
+            eprintln!("{case} through the shim on {shape}: {err:.2e} × RMS of the CPU mesh");
+            assert!(err <= 1e-5, "{case} {shape}: {err} × RMS");
+            let err = max_rel_row_error(&got.data, &goldens[&format!("{case}.final_hidden")].1, 64);
+            assert!(err <= 1e-4, "{case} {shape}: {err} × RMS of the reference");
+        }
+    }
+}
+
 #[test]
 fn a_prefix_pass_and_a_tail_pass_equal_the_single_pass() {
     let goldens = read_tensors(&fixtures().join("tiny-clef/goldens/tensors_f32.safetensors"));

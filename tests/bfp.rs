@@ -19,6 +19,56 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The host shim's C++ decoder (written independently from spec/tenstorrent.md §2.3) reads
+/// ttnn's own tile bytes, uploaded as matrices, back to ttnn's decoded values (NaN where ttnn
+/// has NaN).
+#[test]
+fn the_host_shim_decodes_ttnn_tiles_to_ttnn_values() {
+    use clef_device::{SharedBytes, WeightBytes};
+    let dir = common::fixtures().join("bfp");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("bfp_fixtures.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mesh = common::tt_mesh(MeshShape::ONE, Default::default());
+    let mut checked = 0;
+    for (name, m) in manifest["matrices"].as_object().unwrap() {
+        let (rows, cols) = (
+            m["shape"][0].as_u64().unwrap() as usize,
+            m["shape"][1].as_u64().unwrap() as usize,
+        );
+        for (format, key) in [
+            (WeightFormat::Bf16, "bf16"),
+            (WeightFormat::Bfp8, "bfp8_b"),
+            (WeightFormat::Bfp4, "bfp4_b"),
+        ] {
+            let tiles = st.tensor(&format!("{name}.{key}.tiles")).unwrap();
+            // A weight's tiles are [in, out]: the fixture's [rows, cols] is rows inputs of
+            // cols outputs.
+            let w = mesh
+                .import_weight(vec![WeightBytes {
+                    kind: WeightKind::Matrix,
+                    format,
+                    rows: cols,
+                    cols: rows,
+                    data: SharedBytes::owned(tiles.data().to_vec()),
+                }])
+                .unwrap();
+            let decoded = mesh.download_weight(&w, 0).unwrap();
+            assert_eq!((decoded.rows, decoded.cols), (rows, cols));
+            let ttnn = f32s(st.tensor(&format!("{name}.{key}.decoded")).unwrap().data());
+            for (i, (a, b)) in decoded.data.iter().zip(&ttnn).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{name} {key}: element {i} decodes to {a}, ttnn {b}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 15);
+}
+
 #[test]
 fn packed_tiles_equal_ttnn_bytes_and_decode_to_ttnn_values() {
     let dir = common::fixtures().join("bfp");

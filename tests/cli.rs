@@ -10,17 +10,7 @@ use clef_tt::checkpoint::Checkpoint;
 use std::path::Path;
 use std::process::Command;
 
-fn assert_succeeded(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn clef_tt() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_clef-tt"))
-}
+use common::process::{assert_succeeded, clef_tt, post_json, spawn_server};
 
 #[test]
 fn inspect_reports_the_built_in_model_from_any_directory() {
@@ -117,71 +107,6 @@ fn make_random_writes_a_checkpoint_that_loads_and_runs() {
         .unwrap();
     assert_succeeded(&out);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A server child process, stopped with SIGTERM when dropped (also when a test fails).
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(Some(_))) {
-            return; // already reaped: its pid may belong to someone else now
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-/// `clef-tt serve` on a free loopback port with `args`; returns the child, its base URL and
-/// a client once /health says ready.
-fn spawn_server(args: &[&str], env: &[(&str, &str)]) -> (Server, String, ureq::Agent) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = clef_tt();
-    child
-        .args(["serve", "--port", &port.to_string()])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    for (k, v) in env {
-        child.env(k, v);
-    }
-    let child = Server(child.spawn().unwrap());
-    let base = format!("http://127.0.0.1:{port}");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(120)))
-        .build()
-        .into();
-    let mut up = false;
-    for _ in 0..300 {
-        if agent
-            .get(&format!("{base}/health"))
-            .call()
-            .is_ok_and(|r| r.status() == 200)
-        {
-            up = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(up, "the server did not come up");
-    (child, base, agent)
-}
-
-/// POST a JSON body to `/v1/systemone`; status and body text.
-fn post_json(agent: &ureq::Agent, base: &str, body: &[u8]) -> (u16, String) {
-    let mut r = agent
-        .post(&format!("{base}/v1/systemone"))
-        .header("content-type", "application/json")
-        .send(body)
-        .unwrap();
-    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
 }
 
 #[test]

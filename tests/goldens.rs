@@ -2,12 +2,13 @@
 //! spans and option ids identical; f32 logits within 1e-4; probabilities within 1e-3 (and the
 //! same top option); responses equal field by field after rounding, a 1e-4 difference allowed
 //! only where the unrounded value sits within 1e-5 of a rounding boundary; error texts exact.
-//! Under the `bf16` profile on the 1x2 mesh: probabilities within a few 1e-2 of the bf16 run.
+//! Under the `bf16` and `selected` profiles on the 1x2 mesh: probabilities within a few 1e-2 of
+//! the bf16 run. All of it on the CPU mesh and through the Tenstorrent C ABI (host shim).
 
 mod common;
 
 use clef_device::cpu::CpuMesh;
-use clef_device::{MeshShape, WeightFormat};
+use clef_device::{MeshOps, MeshShape, WeightFormat};
 use clef_tt::api::{parse_body, validate, ApiError};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::{encode, EncodeError, LengthRule};
@@ -69,10 +70,8 @@ fn same(got: &Value, want: &Value, unrounded: &Value, path: &str) {
     }
 }
 
-#[test]
-fn every_golden_record_matches_the_f32_reference() {
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let pipeline = Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap();
+/// Every record through `pipeline` against the reference's f32 run.
+fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
     let requests = lines("requests.jsonl");
     let expected = lines("expected_f32.jsonl");
     assert_eq!(requests.len(), 50);
@@ -176,16 +175,33 @@ fn every_golden_record_matches_the_f32_reference() {
         answered += 1;
     }
     assert_eq!((answered, errors), (37, 13));
-    eprintln!("max |Δlogit| {max_dlogit:e}, max |Δp| {max_dp:e}");
+    eprintln!("{label}: max |Δlogit| {max_dlogit:e}, max |Δp| {max_dp:e}");
+}
+
+#[test]
+fn every_golden_record_matches_the_f32_reference() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let pipeline = Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap();
+    check_f32_goldens(&pipeline, "cpu 1x1");
+}
+
+#[test]
+fn every_golden_record_matches_the_f32_reference_through_the_tt_shim_on_1x1() {
+    let pipeline = common::tt_profile_pipeline("f32", MeshShape::ONE);
+    check_f32_goldens(&pipeline, "tt 1x1");
+}
+
+#[test]
+fn every_golden_record_matches_the_f32_reference_through_the_tt_shim_on_1x2() {
+    let pipeline = common::tt_profile_pipeline("f32", MeshShape::PAIR);
+    check_f32_goldens(&pipeline, "tt 1x2");
 }
 
 /// The `bf16` profile (bf16 weights and activations, HiFi4 with f32 accumulation, bf16 KV and
 /// embeddings) by the TP=2 plan on the 1x2 mesh against the reference's bf16 run: input ids
 /// identical, every probability within a few 1e-2 (goldens README: "bf16 or device path vs
 /// expected_bf16 ... probabilities within a few 1e-2").
-#[test]
-fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
-    let pipeline = common::profile_pipeline("bf16", MeshShape::PAIR);
+fn check_bf16_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
     let (mut worst, mut answered) = (0.0f64, 0);
     for (req, exp) in lines("requests.jsonl")
         .iter()
@@ -218,6 +234,34 @@ fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
         }
         answered += 1;
     }
-    eprintln!("bf16 profile on 1x2: {answered} records, worst probability difference {worst:.2e}");
+    eprintln!("{label}: {answered} records, worst probability difference {worst:.2e}");
     assert_eq!(answered, 37);
+}
+
+#[test]
+fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
+    check_bf16_goldens(
+        &common::profile_pipeline("bf16", MeshShape::PAIR),
+        "cpu bf16 1x2",
+    );
+}
+
+/// The Tenstorrent default profile (`selected`: bfp8_b / bf16 weights, HiFi2) meets the same
+/// bound on the CPU mesh and through the shim.
+#[test]
+fn every_golden_record_is_close_to_the_bf16_reference_under_the_selected_profile() {
+    check_bf16_goldens(
+        &common::profile_pipeline("selected", MeshShape::PAIR),
+        "cpu selected 1x2",
+    );
+}
+
+#[test]
+fn the_bf16_and_selected_profiles_through_the_tt_shim_meet_the_same_bound() {
+    for profile in ["bf16", "selected"] {
+        check_bf16_goldens(
+            &common::tt_profile_pipeline(profile, MeshShape::PAIR),
+            &format!("tt {profile} 1x2"),
+        );
+    }
 }

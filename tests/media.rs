@@ -194,11 +194,55 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
     );
 }
 
+/// The tower through the Tenstorrent C ABI (host shim) on 1x1 and by its TP=2 plan on 1x2,
+/// against the same f32 run and bounds as on the CPU mesh.
+#[test]
+fn the_tower_through_the_tt_shim_matches_the_f32_run_on_both_meshes() {
+    let (tokenizer, tokens) = tokenizer_and_tokens();
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let reference = common::read_tensors(&media_dir().join("tensors_f32.safetensors"));
+    let mut checked = 0;
+    for shape in [MeshShape::ONE, MeshShape::PAIR] {
+        let mesh = common::tt_mesh(shape, Default::default());
+        let tower = load_tower(&ckpt, &mesh, WeightFormat::F32)
+            .unwrap()
+            .unwrap();
+        for request in jsonl("requests.jsonl") {
+            if request["media_inputs"].to_string().contains("JPEG") {
+                continue;
+            }
+            let body = parse_body(request["body"].as_str().unwrap().as_bytes()).unwrap();
+            let Ok(req) = validate(&body, None) else {
+                continue;
+            };
+            let Ok(media) = prepare(
+                &tokenizer,
+                &tokens,
+                &req.images,
+                &req.videos,
+                &MediaLimits::default(),
+            ) else {
+                continue;
+            };
+            let id = request["id"].as_str().unwrap();
+            if reference.contains_key(&format!("{id}.image_embeds"))
+                || reference.contains_key(&format!("{id}.video_embeds"))
+            {
+                checked += check_tower(&mesh, &tower, &reference, id, &media);
+            }
+        }
+    }
+    assert!(
+        checked >= 16,
+        "the tower was checked on {checked} cases and meshes"
+    );
+}
+
 /// The tower on our pixel rows against the f32 run: `vision_hidden` within 1e-4 and the merger
 /// output (the spliced embeddings) within 1e-5 (README §5). Returns 1 when something was checked.
-fn check_tower(
-    mesh: &CpuMesh,
-    tower: &clef_vision::VisionTower<CpuMesh>,
+fn check_tower<B: MeshOps>(
+    mesh: &B,
+    tower: &clef_vision::VisionTower<B>,
     reference: &std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
     id: &str,
     media: &clef_tt::media::PreparedMedia,
@@ -309,7 +353,7 @@ fn body_of(id: &str) -> String {
 /// and M-RoPE positions → head): probabilities within `png` of the run (`jpeg` with a JPEG,
 /// whose decoders differ), choices equal where `png` is tight, `input_tokens` equal; the error
 /// cases give the reference's messages as 422s.
-fn answer_goldens(pipeline: &Pipeline<CpuMesh>, expected: &str, png: f64, jpeg: f64) {
+fn answer_goldens<B: MeshOps>(pipeline: &Pipeline<B>, expected: &str, png: f64, jpeg: f64) {
     let requests = jsonl("requests.jsonl");
     let mut answered = 0;
     let mut worst = 0.0f64;
@@ -368,6 +412,16 @@ fn answer_goldens(pipeline: &Pipeline<CpuMesh>, expected: &str, png: f64, jpeg: 
 #[test]
 fn media_goldens_are_answered_end_to_end() {
     answer_goldens(&pipeline(), "expected_f32.jsonl", 1e-5, 2e-2);
+}
+
+#[test]
+fn media_goldens_are_answered_end_to_end_through_the_tt_shim() {
+    for shape in [MeshShape::ONE, MeshShape::PAIR] {
+        let pipeline = common::tt_profile_pipeline("f32", shape);
+        answer_goldens(&pipeline, "expected_f32.jsonl", 1e-5, 2e-2);
+    }
+    let pipeline = common::tt_profile_pipeline("bf16", MeshShape::PAIR);
+    answer_goldens(&pipeline, "expected_bf16.jsonl", 5e-2, 5e-2);
 }
 
 /// The bf16 profile (bf16 weights, vision tower included, bf16 activations and embeddings) on
@@ -497,8 +551,17 @@ fn a_lossless_webp_is_answered_as_its_png_golden() {
 /// image misses, and a hit answers exactly as its miss.
 #[test]
 fn the_prefix_cache_tells_media_apart() {
+    prefix_cache_tells_media_apart(pipeline());
+}
+
+#[test]
+fn the_prefix_cache_tells_media_apart_through_the_tt_shim() {
+    prefix_cache_tells_media_apart(common::tt_profile_pipeline("f32", MeshShape::PAIR));
+}
+
+fn prefix_cache_tells_media_apart<B: MeshOps>(pipeline: Pipeline<B>) {
     let stats = Arc::new(PrefixCacheStats::default());
-    let pipeline = pipeline().with_prefix_cache(
+    let pipeline = pipeline.with_prefix_cache(
         PrefixCacheConfig {
             slots: 4,
             ..Default::default()

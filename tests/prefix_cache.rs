@@ -1,12 +1,14 @@
 //! The prefix cache on the tiny fixture: a repeated request is bitwise identical to its first
 //! answer (short, 1k- and 4k-token states, truncated states, other question sets on one state,
-//! the 1x2 mesh), both equal an uncached pipeline within the goldens' tolerance; LRU order and
-//! eviction; slot bytes as estimated; a cancelled prefill leaves no slot behind.
+//! the 1x2 mesh, through the Tenstorrent shim), both equal an uncached pipeline within the
+//! goldens' tolerance; LRU order and eviction; slot bytes as estimated; a cancelled prefill
+//! leaves no slot behind.
 
 mod common;
 
 use clef_device::cpu::CpuMesh;
-use clef_device::{MeshShape, WeightFormat};
+use clef_device::tt::TtMesh;
+use clef_device::{MeshOps, MeshShape, WeightFormat};
 use clef_tt::api::validate;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
@@ -24,9 +26,18 @@ const SERVER: LengthRule = LengthRule::Server {
 };
 
 fn pipeline(mesh: MeshShape, slots: usize) -> (Pipeline<CpuMesh>, Arc<PrefixCacheStats>) {
+    pipeline_on(CpuMesh::new(mesh), slots)
+}
+
+/// The fixture's pipeline on the host shim's Tenstorrent mesh.
+fn tt_pipeline(mesh: MeshShape, slots: usize) -> (Pipeline<TtMesh>, Arc<PrefixCacheStats>) {
+    pipeline_on(common::tt_mesh(mesh, Default::default()), slots)
+}
+
+fn pipeline_on<B: MeshOps>(mesh: B, slots: usize) -> (Pipeline<B>, Arc<PrefixCacheStats>) {
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let stats = Arc::new(PrefixCacheStats::default());
-    let p = Pipeline::new(&ckpt, CpuMesh::new(mesh), WeightFormat::F32)
+    let p = Pipeline::new(&ckpt, mesh, WeightFormat::F32)
         .unwrap()
         .with_prefix_cache(
             PrefixCacheConfig {
@@ -66,7 +77,7 @@ fn questions(set: usize) -> Value {
     }
 }
 
-fn decide(p: &Pipeline<CpuMesh>, state: &str, set: usize, truncate: bool) -> Decision {
+fn decide<B: MeshOps>(p: &Pipeline<B>, state: &str, set: usize, truncate: bool) -> Decision {
     let body =
         json!({"model": "clef", "state": state, "questions": questions(set), "truncate": truncate});
     let req = validate(&body, None).unwrap();
@@ -81,9 +92,9 @@ fn bits(d: &Decision) -> Vec<Vec<u32>> {
 }
 
 /// Miss then hit on `p` must be bitwise equal; both within 1e-4 of the uncached logits.
-fn check_hit_equals_miss(
-    p: &Pipeline<CpuMesh>,
-    uncached: &Pipeline<CpuMesh>,
+fn check_hit_equals_miss<B: MeshOps, U: MeshOps>(
+    p: &Pipeline<B>,
+    uncached: &Pipeline<U>,
     state: &str,
     set: usize,
 ) {
@@ -108,9 +119,23 @@ fn check_hit_equals_miss(
 
 #[test]
 fn a_repeated_state_is_bitwise_identical_to_its_miss() {
+    repeated_states_hit(|slots| pipeline(MeshShape::ONE, slots));
+}
+
+/// Through the Tenstorrent C ABI: the slot's KV and DeltaNet states stay on the device (handles
+/// the next pass reads), and a hit is still bitwise its miss, on 1x1 and 1x2.
+#[test]
+fn a_repeated_state_is_bitwise_identical_to_its_miss_through_the_tt_shim() {
+    repeated_states_hit(|slots| tt_pipeline(MeshShape::ONE, slots));
+    let (two, _) = tt_pipeline(MeshShape::PAIR, 4);
     let (uncached, _) = pipeline(MeshShape::ONE, 0);
+    check_hit_equals_miss(&two, &uncached, &state(1500, 5), 1);
+}
+
+fn repeated_states_hit<B: MeshOps>(make: impl Fn(usize) -> (Pipeline<B>, Arc<PrefixCacheStats>)) {
+    let (uncached, _) = make(0);
     for (words, seed) in [(150, 0), (1000, 1), (4000, 2)] {
-        let (p, stats) = pipeline(MeshShape::ONE, 4);
+        let (p, stats) = make(4);
         let s = state(words, seed);
         check_hit_equals_miss(&p, &uncached, &s, 0);
         assert_eq!(stats.hits.load(Ordering::Relaxed), 1);

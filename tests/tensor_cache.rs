@@ -1,11 +1,12 @@
 //! The tensor cache on the tiny fixture: a converted cache places the same weights (the prefill
-//! is bitwise equal to loading from safetensors), and a mismatched, stale, truncated or
-//! corrupted cache is refused with a message saying how to rebuild it.
+//! is bitwise equal to loading from safetensors) on the CPU mesh and through the Tenstorrent
+//! shim, and a mismatched (another backend, mesh or profile), stale, truncated or corrupted
+//! cache is refused with a message saying how to rebuild it.
 
 mod common;
 
 use clef_device::cpu::CpuMesh;
-use clef_device::MeshShape;
+use clef_device::{MeshOps, MeshShape};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::precision::Precision;
@@ -18,7 +19,8 @@ fn temp(name: &str) -> PathBuf {
     dir
 }
 
-fn open(
+fn open_for(
+    backend: &str,
     dir: &std::path::Path,
     ckpt: &Checkpoint,
     mesh: &str,
@@ -27,47 +29,91 @@ fn open(
     TensorCache::open(
         dir,
         ckpt,
-        "cpu",
+        backend,
         mesh,
         &profile.name,
         &profile.weight_formats(),
     )
 }
 
-#[test]
-fn a_cache_places_the_same_weights_as_the_checkpoint() {
+fn open(
+    dir: &std::path::Path,
+    ckpt: &Checkpoint,
+    mesh: &str,
+    profile: &Precision,
+) -> Result<TensorCache, CacheError> {
+    open_for("cpu", dir, ckpt, mesh, profile)
+}
+
+/// Converts for meshes `make(shape)` gives, loads from the cache and checks the prefill is
+/// bitwise the one of weights placed from the checkpoint.
+fn cache_round_trip<B: MeshOps>(name: &str, make: impl Fn(MeshShape) -> B) {
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
-    let out = temp("tensor-cache");
+    let out = temp(name);
     for (profile, mesh) in [("selected", MeshShape::PAIR), ("f32", MeshShape::ONE)] {
         let p = Precision::resolve(profile, |_| None).unwrap();
         let formats = p.weight_formats();
-        let manifest = convert(
-            &ckpt,
-            &CpuMesh::new(mesh),
-            &p.name,
-            &formats,
-            &out,
-            &|_, _| {},
-        )
-        .unwrap();
+        let manifest = convert(&ckpt, &make(mesh), &p.name, &formats, &out, &|_, _| {}).unwrap();
         assert!(manifest.entries.iter().all(|e| e.offset % 64 == 0));
-        let cache = open(&out, &ckpt, &mesh.to_string(), &p).unwrap();
-        let cached = Backbone::load_cached(
-            &ckpt,
-            CpuMesh::new(mesh),
-            &cache,
-            &formats,
-            true,
-            &|_, _| {},
-        )
-        .unwrap();
-        let direct = Backbone::load_with(&ckpt, CpuMesh::new(mesh), &formats, true).unwrap();
+        let backend = make(mesh).backend_name();
+        assert_eq!(manifest.backend, backend);
+        let cache = open_for(backend, &out, &ckpt, &mesh.to_string(), &p).unwrap();
+        let cached = cache
+            .load_backbone(&ckpt, make(mesh), &formats, true, &|_, _| {})
+            .unwrap();
+        let direct = Backbone::load_with(&ckpt, make(mesh), &formats, true).unwrap();
         assert_eq!(cached.weight_bytes(), direct.weight_bytes());
         let ids: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
         let (a, _) = cached.prefill(&ids, None).unwrap();
         let (b, _) = direct.prefill(&ids, None).unwrap();
-        assert_eq!(a, b, "{profile} on {mesh}");
+        assert_eq!(a, b, "{backend} {profile} on {mesh}");
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_cache_places_the_same_weights_as_the_checkpoint() {
+    cache_round_trip("tensor-cache", CpuMesh::new);
+}
+
+#[test]
+fn a_tt_cache_uploads_the_same_weights_as_the_checkpoint() {
+    cache_round_trip("tensor-cache-tt", |shape| {
+        common::tt_mesh(shape, Default::default())
+    });
+}
+
+#[test]
+fn a_cache_of_one_backend_is_refused_by_the_other_naming_the_command() {
+    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let p = Precision::resolve("selected", |_| None).unwrap();
+    let out = temp("tensor-cache-backend");
+    let tt = common::tt_mesh(MeshShape::ONE, Default::default());
+    convert(&ckpt, &tt, &p.name, &p.weight_formats(), &out, &|_, _| {}).unwrap();
+    let e = match open_for("cpu", &out, &ckpt, "1x1", &p) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a tt cache was accepted for the cpu backend"),
+    };
+    assert!(e.contains("built for backend tt, asked for cpu"), "{e}");
+    assert!(
+        e.contains("clef-tt convert") && !e.contains("--device"),
+        "{e}"
+    );
+    convert(
+        &ckpt,
+        &CpuMesh::new(MeshShape::ONE),
+        &p.name,
+        &p.weight_formats(),
+        &out,
+        &|_, _| {},
+    )
+    .unwrap();
+    let e = match open_for("tt", &out, &ckpt, "1x1", &p) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a cpu cache was accepted for the tt backend"),
+    };
+    assert!(e.contains("built for backend cpu, asked for tt"), "{e}");
+    assert!(e.contains("--device tt"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -121,16 +167,16 @@ fn mismatched_stale_truncated_and_corrupted_caches_are_refused() {
     bytes[at] ^= 0x40;
     std::fs::write(&bin, &bytes).unwrap();
     let cache = open(&out, &ckpt, "1x2", &selected).unwrap();
-    let err = Backbone::load_cached(
-        &ckpt,
-        CpuMesh::new(MeshShape::PAIR),
-        &cache,
-        &selected.weight_formats(),
-        true,
-        &|_, _| {},
-    )
-    .err()
-    .expect("a corrupted cache was placed");
+    let err = cache
+        .load_backbone(
+            &ckpt,
+            CpuMesh::new(MeshShape::PAIR),
+            &selected.weight_formats(),
+            true,
+            &|_, _| {},
+        )
+        .err()
+        .expect("a corrupted cache was placed");
     assert!(err.to_string().contains("checksum mismatch"), "{err}");
     // Truncated.
     drop(cache);

@@ -28,4 +28,14 @@ pub enum DeviceError {
     /// The prefill was cancelled between two chunks.
     #[error("cancelled")]
     Cancelled,
+    /// The Tenstorrent shim refused a call or its device failed; `message` is the shim's (it
+    /// names the op and the argument).
+    #[error("tt shim ({status}): {message}")]
+    Shim {
+        status: &'static str,
+        message: String,
+    },
+    /// No usable shim library.
+    #[error(transparent)]
+    Load(#[from] crate::tt::ShimError),
 }

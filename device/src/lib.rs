@@ -5,22 +5,26 @@
 //! weights are uploaded already split per device. The [`MeshOps`] trait lists the operations a
 //! Qwen3.5 prefill needs at the granularity of ttnn ops; the backbone is written once against it.
 //! [`cpu::CpuMesh`] is the reference backend: every shard is host memory, one rayon task per
-//! device, collectives are real reductions between shards.
+//! device, collectives are real reductions between shards. [`tt::TtMesh`] drives a Tenstorrent
+//! mesh through the C ABI of a shim library loaded at run time (the host shim in CI).
 
 pub mod cpu;
 mod error;
 pub mod formats;
 mod host;
 mod mesh;
+pub mod numerics;
 mod ops;
 pub mod plan;
+pub mod tt;
 
 pub use error::DeviceError;
 pub use host::{
     HostTensor, HostWeight, SharedBytes, WeightBytes, WeightData, WeightFormat, WeightKind,
 };
 pub use mesh::MeshShape;
-pub use ops::{AttentionSpec, DeltaNetSpec, GatherAxis, Gelu, MeshOps, RopeSpec};
+pub use numerics::{Fidelity, Numerics};
+pub use ops::{AttentionSpec, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu, MeshOps, RopeSpec};
 
 /// Result type of the device layer.
 pub type Result<T> = std::result::Result<T, DeviceError>;

@@ -65,6 +65,14 @@ impl DeltaNetSpec {
     }
 }
 
+/// What a device backend reports of the memory it holds (per device) and the tensors alive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub device_ids: Vec<u32>,
+    pub bytes_per_device: Vec<u64>,
+    pub live_tensors: u64,
+}
+
 /// The operations of a Qwen3.5 prefill over a mesh.
 pub trait MeshOps: Sync {
     /// A tensor on the mesh (replicated, sharded or partial).
@@ -85,9 +93,18 @@ pub trait MeshOps: Sync {
     fn device_parts(&self, t: &Self::Tensor) -> Result<Vec<HostTensor>>;
     /// Bytes of device memory the tensor occupies on all devices together.
     fn tensor_bytes(&self, t: &Self::Tensor) -> usize;
+    /// Bytes one device holds for a `[rows, cols]` activation (f32 rows unless the backend
+    /// pads or packs them).
+    fn activation_bytes(&self, rows: usize, cols: usize) -> usize {
+        rows * cols * 4
+    }
 
     /// The backend's name (`cpu`, `tt`), recorded by tensor caches.
     fn backend_name(&self) -> &'static str;
+    /// Device memory and live tensors, for backends that track them (the Tenstorrent shim).
+    fn usage(&self) -> Option<DeviceUsage> {
+        None
+    }
     /// A placed weight's parts as bytes in this backend's layout, for a tensor cache.
     fn export_weight(&self, w: &Self::Weight) -> Result<Vec<WeightBytes>>;
     /// A weight from parts [`MeshOps::export_weight`] wrote (checked against their shapes).

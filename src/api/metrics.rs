@@ -38,6 +38,8 @@ pub struct Snapshot {
     pub cache_misses: u64,
     pub cache_evictions: u64,
     pub cache_bytes: u64,
+    /// Per worker, where the device backend reports it.
+    pub device: Vec<clef_device::DeviceUsage>,
 }
 
 impl Metrics {
@@ -181,6 +183,31 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
+        }
+        if !s.device.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP clef_device_bytes Device memory held by a worker's mesh, per device.\n# TYPE clef_device_bytes gauge"
+            );
+            for (w, u) in s.device.iter().enumerate() {
+                for (id, b) in u.device_ids.iter().zip(&u.bytes_per_device) {
+                    let _ = writeln!(
+                        out,
+                        "clef_device_bytes{{worker=\"{w}\",device=\"{id}\"}} {b}"
+                    );
+                }
+            }
+            let _ = writeln!(
+                out,
+                "# HELP clef_device_live_tensors Tensors alive on a worker's mesh.\n# TYPE clef_device_live_tensors gauge"
+            );
+            for (w, u) in s.device.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "clef_device_live_tensors{{worker=\"{w}\"}} {}",
+                    u.live_tensors
+                );
+            }
         }
         out
     }

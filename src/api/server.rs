@@ -16,10 +16,32 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use clef_device::DeviceUsage;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Reads the device memory and live tensors of every worker's mesh (for backends that track
+/// them), for `/v1/models` and `/metrics`.
+#[derive(Clone)]
+pub struct DeviceProbe(Arc<dyn Fn() -> Vec<DeviceUsage> + Send + Sync>);
+
+impl DeviceProbe {
+    pub fn new(f: impl Fn() -> Vec<DeviceUsage> + Send + Sync + 'static) -> Self {
+        DeviceProbe(Arc::new(f))
+    }
+
+    pub fn read(&self) -> Vec<DeviceUsage> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for DeviceProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceProbe")
+    }
+}
 
 /// What the routes need to know besides the engine.
 #[derive(Clone, Debug)]
@@ -34,6 +56,8 @@ pub struct ServerSettings {
     pub card: Value,
     /// Serve the browser demo page at `/` (`CLEF_DEMO`).
     pub demo: bool,
+    /// The workers' device usage, where the backend reports it.
+    pub device: Option<DeviceProbe>,
 }
 
 /// Shared state of the routes.
@@ -77,6 +101,12 @@ impl AppState {
             cache_misses: s.prefix_cache.misses.load(Ordering::Relaxed),
             cache_evictions: s.prefix_cache.evictions.load(Ordering::Relaxed),
             cache_bytes: s.prefix_cache.bytes.load(Ordering::Relaxed),
+            device: self
+                .settings
+                .device
+                .as_ref()
+                .map(DeviceProbe::read)
+                .unwrap_or_default(),
         }
     }
 }
@@ -338,6 +368,19 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
         "prefix_cache_hits": snap.cache_hits, "prefix_cache_misses": snap.cache_misses,
         "prefix_cache_evictions": snap.cache_evictions, "prefix_cache_bytes": snap.cache_bytes,
     });
+    if !snap.device.is_empty() {
+        card["counters"]["device"] = snap
+            .device
+            .iter()
+            .enumerate()
+            .map(|(worker, u)| {
+                json!({
+                    "worker": worker, "device_ids": u.device_ids,
+                    "bytes_in_use": u.bytes_per_device, "live_tensors": u.live_tensors,
+                })
+            })
+            .collect();
+    }
     let names: Vec<String> = if state.settings.model_names.is_empty() {
         vec![card["name"].as_str().unwrap_or("clef").to_string()]
     } else {

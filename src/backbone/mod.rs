@@ -87,31 +87,6 @@ impl<B: MeshOps> Backbone<B> {
         Self::load_with(ckpt, mesh, &WeightFormats::uniform(format), false)
     }
 
-    /// Place the weights from a tensor cache made for this mesh and these formats (see
-    /// [`crate::tensor_cache`]); `progress(done, total)` follows the entries.
-    pub fn load_cached(
-        ckpt: &Checkpoint,
-        mesh: B,
-        cache: &crate::tensor_cache::TensorCache,
-        formats: &WeightFormats,
-        bf16_embeddings: bool,
-        progress: &dyn Fn(usize, usize),
-    ) -> Result<Self, crate::tensor_cache::CacheError> {
-        let plan =
-            TpPlan::new(&ckpt.config.text, mesh.mesh().devices()).map_err(LoadError::from)?;
-        let t0 = std::time::Instant::now();
-        let placed = cache.place(&mesh, &plan, formats, progress)?;
-        Ok(Self::assemble(
-            ckpt,
-            mesh,
-            plan,
-            placed,
-            bf16_embeddings,
-            t0,
-            "tensor cache",
-        )?)
-    }
-
     /// Place the weights with each class of matrices in its own format; with
     /// `bf16_embeddings`, embedding rows are rounded to bf16 as the device holds them.
     pub fn load_with(
@@ -134,11 +109,12 @@ impl<B: MeshOps> Backbone<B> {
         let plan = TpPlan::new(&ckpt.config.text, mesh.mesh().devices())?;
         let t0 = std::time::Instant::now();
         let placed = weights::load_layers(&mesh, &ckpt.tensors, &plan, formats, progress)?;
-        Self::assemble(ckpt, mesh, plan, placed, bf16_embeddings, t0, "checkpoint")
+        Self::from_placed(ckpt, mesh, plan, placed, bf16_embeddings, t0, "checkpoint")
     }
 
-    /// The backbone around weights placed from `source` since `t0` (logged).
-    fn assemble(
+    /// The backbone around weights placed (by `plan`) from `source` since `t0` (logged):
+    /// from the checkpoint here, or from a tensor cache (`crate::tensor_cache`).
+    pub fn from_placed(
         ckpt: &Checkpoint,
         mesh: B,
         plan: TpPlan,
@@ -231,15 +207,22 @@ impl<B: MeshOps> Backbone<B> {
             .sum()
     }
 
-    /// Bytes a prefill state at position `p` will hold, from the configuration (f32 state;
-    /// every device owns whole KV and value heads, so nothing is stored twice): K and V rows
-    /// of every attention layer, conv carry and recurrent state of every DeltaNet layer.
+    /// Bytes a prefill state at position `p` will hold on the mesh, from the configuration
+    /// and the backend's storage of a `[rows, cols]` activation (every device owns whole KV
+    /// and value heads, so nothing is stored twice): K and V rows of every attention layer,
+    /// conv carry and recurrent state of every DeltaNet layer.
     pub fn state_bytes_at(&self, p: usize) -> usize {
         let c = &self.config;
-        let kv = 2 * p * c.num_key_value_heads * c.head_dim;
-        let conv = (c.linear_conv_kernel_dim - 1) * c.conv_dim();
-        let recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
-        4 * (c.count(LayerKind::Attention) * kv + c.count(LayerKind::DeltaNet) * (conv + recurrent))
+        let tp = self.plan.devices;
+        let m = &self.mesh;
+        let kv = 2 * m.activation_bytes(p, c.num_key_value_heads / tp * c.head_dim);
+        let conv = m.activation_bytes(c.linear_conv_kernel_dim - 1, c.conv_dim() / tp);
+        let recurrent = m.activation_bytes(
+            c.linear_num_value_heads / tp * c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        tp * (c.count(LayerKind::Attention) * kv
+            + c.count(LayerKind::DeltaNet) * (conv + recurrent))
     }
 
     /// Embedding rows of `ids` (read from the checkpoint file, widened to f32).

@@ -2,7 +2,6 @@
 //! and mesh shape asked for. Timings are wall clock of whole prefills (embedding to final
 //! norm), the median of the repeats after one warm-up.
 
-use clef_device::cpu::CpuMesh;
 use clef_device::{MeshOps, MeshShape, WeightFormat};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
@@ -39,33 +38,41 @@ fn bench_ids(n: usize) -> Vec<u32> {
         .collect()
 }
 
-pub fn prefill(
-    ckpt: &Checkpoint,
-    formats: &[WeightFormat],
-    meshes: &[MeshShape],
-    lengths: &[usize],
-    repeats: usize,
-    profile: bool,
-) -> anyhow::Result<Vec<PrefillRow>> {
-    let mut rows = Vec::new();
-    for &format in formats {
-        for &mesh in meshes {
-            let cpu = if profile {
-                CpuMesh::with_profile(mesh)
-            } else {
-                CpuMesh::new(mesh)
-            };
-            let bb = Backbone::load(ckpt, cpu, format)?;
+/// A prefill benchmark: every format and length on one mesh at a time.
+pub struct PrefillRun<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub formats: &'a [WeightFormat],
+    pub lengths: &'a [usize],
+    pub repeats: usize,
+}
+
+/// Seconds, wall time and calls per op of a profiling mesh.
+pub type OpReport<B> = dyn Fn(&B) -> Vec<(&'static str, f64, u64)>;
+
+impl PrefillRun<'_> {
+    /// Measures every format and length on a fresh `open()` mesh of `shape` each; `report`
+    /// gives the per-op times of a profiling mesh (empty otherwise).
+    pub fn on<B: MeshOps>(
+        &self,
+        shape: MeshShape,
+        open: &dyn Fn() -> anyhow::Result<B>,
+        report: &OpReport<B>,
+    ) -> anyhow::Result<Vec<PrefillRow>> {
+        let mut rows = Vec::new();
+        for &format in self.formats {
+            let mesh = open()?;
+            let backend = mesh.backend_name();
+            let bb = Backbone::load(self.ckpt, mesh, format)?;
             eprintln!(
-                "loaded {} weights on a {mesh} CPU mesh: {:.1} MiB",
+                "loaded {} weights on a {shape} {backend} mesh: {:.1} MiB",
                 format.name(),
                 bb.weight_bytes() as f64 / (1 << 20) as f64
             );
-            for &n in lengths {
+            for &n in self.lengths {
                 let ids = bench_ids(n);
                 bb.prefill(&ids, None)?; // warm-up
-                let mut times = Vec::with_capacity(repeats);
-                for _ in 0..repeats.max(1) {
+                let mut times = Vec::with_capacity(self.repeats);
+                for _ in 0..self.repeats.max(1) {
                     let t0 = Instant::now();
                     bb.prefill(&ids, None)?;
                     times.push(t0.elapsed().as_secs_f64());
@@ -77,24 +84,30 @@ pub fn prefill(
                 );
                 rows.push(PrefillRow {
                     format,
-                    mesh,
+                    mesh: shape,
                     tokens: n,
                     seconds,
                 });
-                if profile {
-                    let runs = (repeats.max(1) + 1) as f64;
-                    for (op, secs, calls) in bb.mesh().profile_report() {
-                        eprintln!(
-                            "    {op:20} {:8.3} s per prefill ({} calls)",
-                            secs / runs,
-                            calls as f64 / runs
-                        );
-                    }
+                let runs = (self.repeats.max(1) + 1) as f64;
+                for (op, secs, calls) in report(bb.mesh()) {
+                    eprintln!(
+                        "    {op:20} {:8.3} s per prefill ({} calls)",
+                        secs / runs,
+                        calls as f64 / runs
+                    );
                 }
             }
         }
+        Ok(rows)
     }
-    Ok(rows)
+}
+
+/// `WIDTHxHEIGHT` in multiples of 32.
+pub fn image_size(s: &str) -> anyhow::Result<(usize, usize)> {
+    s.split_once('x')
+        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+        .filter(|&(w, h): &(usize, usize)| w % 32 == 0 && h % 32 == 0 && w > 0 && h > 0)
+        .ok_or_else(|| anyhow::anyhow!("{s:?} is not WIDTHxHEIGHT in multiples of 32"))
 }
 
 /// Peak resident memory of this process so far (`VmHWM`), in MiB.
@@ -245,7 +258,7 @@ pub struct VisionRow {
 /// The Clef-27B vision tower (random weights, matrices in `format`) on `mesh`, one image of
 /// each `sizes` (width x height, multiples of 32); median of `repeats` after a warm-up.
 pub fn vision(
-    mesh: &CpuMesh,
+    mesh: &clef_device::cpu::CpuMesh,
     format: WeightFormat,
     sizes: &[(usize, usize)],
     repeats: usize,

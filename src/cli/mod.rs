@@ -1,9 +1,324 @@
-//! Subcommands of the `clef-tt` binary that are more than a call into the library.
+//! The `clef-tt` command line: `args` defines it, `main` dispatches each subcommand to its
+//! module (`serve`, `inspect`, `decide`, `eval`, `convert`, `bench`, `bench_http`, `devices` in
+//! `device`); `device` picks the CPU mesh or a Tenstorrent mesh for the commands that run the
+//! model.
+
+pub mod args;
 pub mod bench;
 pub mod bench_http;
+pub mod convert;
 pub mod decide;
+pub mod device;
 pub mod eval;
 pub mod http_client;
 pub mod inspect;
 pub mod progress;
 pub mod serve;
+mod settings;
+
+use anyhow::{bail, Context};
+use args::{BenchCommand, Cli, Command};
+use clap::Parser;
+use clef_device::{MeshOps, MeshShape, Numerics, WeightFormat};
+use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
+use clef_tt::encode::LengthRule;
+use clef_tt::engine::Pipeline;
+use clef_tt::precision::Precision;
+use clef_tt::random::make_random;
+use device::{on_device, MeshLayout};
+use std::path::PathBuf;
+
+/// How long a client waits for one reply (a 16k-token miss on the CPU takes minutes).
+const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(900);
+
+/// `CLEF_API_KEY`, for the HTTP client commands.
+fn api_key() -> Option<String> {
+    std::env::var("CLEF_API_KEY").ok().filter(|k| !k.is_empty())
+}
+
+fn weight_format(name: &str) -> anyhow::Result<WeightFormat> {
+    WeightFormat::parse(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown weight format {name:?} (f32, bf16, bfp8_b, bfp4_b)")
+    })
+}
+
+/// A pipeline on `mesh` under precision profile `profile` (the mesh carries its numerics).
+fn pipeline<B: MeshOps>(
+    ckpt: &Checkpoint,
+    mesh: B,
+    profile: &Precision,
+) -> anyhow::Result<Pipeline<B>> {
+    Ok(Pipeline::load(
+        ckpt,
+        mesh,
+        &profile.weight_formats(),
+        profile.bf16_embeddings(),
+    )?)
+}
+
+/// `--model` / `CLEF_MODEL`, else `HF_MODEL` (what tt-model launchers set), else `None` for the
+/// built-in model.
+fn requested_model(model: Option<String>) -> Option<String> {
+    model.or_else(|| std::env::var("HF_MODEL").ok().filter(|m| !m.is_empty()))
+}
+
+fn resolve(model: Option<String>, revision: Option<&str>) -> anyhow::Result<PathBuf> {
+    Ok(match requested_model(model) {
+        Some(name) => resolve_model_dir(&name, revision)?,
+        None => default_model_dir(),
+    })
+}
+
+fn open(model: Option<String>, revision: Option<&str>) -> anyhow::Result<Checkpoint> {
+    let dir = resolve(model, revision)?;
+    Checkpoint::open(&dir).with_context(|| format!("opening {}", dir.display()))
+}
+
+/// Keep freed activation buffers in the heap instead of returning them to the kernel: a
+/// prefill allocates and frees tens of megabytes per op, and with glibc's defaults every such
+/// buffer is a fresh mmap whose page faults and unmap IPIs cost more than the op itself.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tune_allocator() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+    // SAFETY: mallopt only changes glibc malloc's tunables; called before any other thread.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tune_allocator() {}
+
+/// The binary's entry point.
+pub fn main() -> anyhow::Result<()> {
+    tune_allocator();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLEF_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    settings::apply_settings_file()?;
+    match Cli::parse().command {
+        Command::Serve(a) => serve::run(serve::ServeOptions::from_args(a)?),
+        Command::Inspect { model, revision } => {
+            let ckpt = open(model, revision.as_deref())?;
+            let (text, problems) = inspect::report(&ckpt)?;
+            print!("{text}");
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("inconsistent: {p}");
+                }
+                bail!("{} inconsistencies", problems.len());
+            }
+            println!("ok");
+            Ok(())
+        }
+        Command::Decide {
+            model,
+            max_length,
+            limits,
+            url,
+            file,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let stdout = std::io::stdout();
+            let n = match url {
+                Some(url) => {
+                    let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+                    decide::run_remote(&client, &text, &mut stdout.lock())?
+                }
+                None => {
+                    let ckpt = open(model.model.clone(), model.revision.as_deref())?;
+                    let device = model.device.resolve()?;
+                    let precision = device.precision(model.precision.as_deref())?;
+                    let rule = match max_length {
+                        Some(max_length) => LengthRule::Reference { max_length },
+                        None => limits.rule(),
+                    };
+                    let layout = MeshLayout::single(model.mesh.parse()?);
+                    on_device!(&device, layout, precision.numerics(), |open| {
+                        let p = pipeline(&ckpt, open(0)?, &precision)?;
+                        decide::run(&p, &text, rule, &mut stdout.lock())?
+                    })
+                }
+            };
+            eprintln!("answered {n} requests");
+            Ok(())
+        }
+        Command::Eval {
+            model,
+            goldens,
+            profile,
+            mesh,
+            device,
+        } => {
+            let ckpt = open(model, None)?;
+            let device = device.resolve()?;
+            let precision = device.precision(profile.as_deref())?;
+            let layout = MeshLayout::single(mesh.parse()?);
+            let report = on_device!(&device, layout, precision.numerics(), |open| {
+                eval::run(&pipeline(&ckpt, open(0)?, &precision)?, &goldens)?
+            });
+            for (id, err) in &report.failures {
+                eprintln!("{id}: {err}");
+            }
+            eprintln!("{} records scored", report.records);
+            println!("{}", eval::summary(&precision.name, &report));
+            Ok(())
+        }
+        Command::Convert {
+            model,
+            profile,
+            mesh,
+            device,
+            out,
+        } => {
+            let ckpt = open(model, None)?;
+            let device = device.resolve()?;
+            let precision = device.precision(profile.as_deref())?;
+            let layout = MeshLayout::single(mesh.parse()?);
+            on_device!(&device, layout, Numerics::default(), |open| {
+                convert::run(&ckpt, &open(0)?, &precision, &out)?
+            });
+            Ok(())
+        }
+        Command::MakeRandom { shape, out, seed } => {
+            make_random(shape, &out, seed, &default_model_dir())?;
+            let ckpt = Checkpoint::open(&out)?;
+            eprintln!(
+                "wrote {} ({} text tensors)",
+                out.display(),
+                ckpt.tensors.iter().count()
+            );
+            Ok(())
+        }
+        Command::Devices { device } => {
+            print!("{}", device::report(&device)?);
+            Ok(())
+        }
+        Command::Bench { what } => run_bench(what),
+    }
+}
+
+fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
+    match what {
+        BenchCommand::Prefill {
+            model,
+            tokens,
+            weights,
+            mesh,
+            repeat,
+            profile,
+            device,
+        } => {
+            let ckpt = open(model, None)?;
+            let device = device.resolve()?;
+            let formats = weights
+                .iter()
+                .map(|w| weight_format(w))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut rows = Vec::new();
+            for shape in &mesh {
+                let shape: MeshShape = shape.parse()?;
+                let run = bench::PrefillRun {
+                    ckpt: &ckpt,
+                    formats: &formats,
+                    lengths: &tokens,
+                    repeats: repeat,
+                };
+                if profile {
+                    if !matches!(device, device::Device::Cpu) {
+                        bail!(
+                            "--profile times the CPU mesh's ops; it does not apply to --device tt"
+                        );
+                    }
+                    let open = || Ok(clef_device::cpu::CpuMesh::with_profile(shape));
+                    rows.extend(run.on(shape, &open, &|m| m.profile_report())?);
+                } else {
+                    let layout = MeshLayout::single(shape);
+                    on_device!(&device, layout, Numerics::default(), |open| {
+                        rows.extend(run.on(shape, &|| open(0), &|_| Vec::new())?)
+                    });
+                }
+            }
+            print!("{}", bench::table(&rows));
+            if let Some(mib) = bench::peak_rss_mib() {
+                println!("peak resident memory of the run: {mib:.0} MiB");
+            }
+        }
+        BenchCommand::Http {
+            url,
+            samples,
+            warmup,
+            long_tokens,
+            limit_samples,
+            limit_warmup,
+            clients,
+            requests,
+            states,
+            max_seconds,
+            json,
+        } => {
+            let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+            let options = bench_http::HttpBenchOptions {
+                samples,
+                warmup,
+                long_tokens,
+                limit_samples,
+                limit_warmup,
+                clients,
+                requests,
+                states,
+                max_seconds,
+            };
+            let report = bench_http::run(&client, &url, &options)?;
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            print!("{}", bench_http::markdown(&report));
+        }
+        BenchCommand::Vision {
+            sizes,
+            mesh,
+            format,
+            profile,
+            repeat,
+        } => {
+            let sizes = sizes
+                .iter()
+                .map(|s| bench::image_size(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let format = weight_format(&format)?;
+            let mut rows = Vec::new();
+            for shape in &mesh {
+                let shape = shape.parse()?;
+                let mesh = if profile {
+                    clef_device::cpu::CpuMesh::with_profile(shape)
+                } else {
+                    clef_device::cpu::CpuMesh::new(shape)
+                };
+                rows.extend(bench::vision(&mesh, format, &sizes, repeat)?);
+                for (op, seconds, calls) in mesh.profile_report() {
+                    eprintln!("  {shape} {op:>20}: {seconds:8.2} s in {calls} calls");
+                }
+            }
+            print!("{}", bench::vision_table(&rows));
+        }
+        BenchCommand::Head { rows, repeat } => {
+            let rows = bench::head(&rows, repeat)?;
+            let peak = clef_device::cpu::fma_peak_gflops();
+            print!("{}", bench::head_table(&rows, peak));
+        }
+    }
+    Ok(())
+}

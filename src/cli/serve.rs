@@ -1,10 +1,11 @@
 //! `clef-tt serve`: load the model once per worker, start the queue and the HTTP server, warm
 //! up, serve until SIGTERM/Ctrl-C, then finish the requests in flight and exit 0.
 
+use super::args::ServeArgs;
+use super::device::{on_device, Device, MeshLayout};
 use anyhow::Context;
-use clef_device::cpu::CpuMesh;
 use clef_device::{MeshOps, MeshShape};
-use clef_tt::api::server::{router, AppState, ServerSettings};
+use clef_tt::api::server::{router, AppState, DeviceProbe, ServerSettings};
 use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
@@ -25,7 +26,9 @@ pub struct ServeOptions {
     pub host: String,
     pub port: u16,
     pub workers: usize,
-    pub mesh: MeshShape,
+    /// Where the workers' meshes sit (`layout.shape` is each worker's mesh).
+    pub layout: MeshLayout,
+    pub device: Device,
     pub precision: Precision,
     pub max_queue: usize,
     pub rule: LengthRule,
@@ -40,6 +43,53 @@ pub struct ServeOptions {
     pub media_limits: clef_tt::media::MediaLimits,
     pub prefix_cache: PrefixCacheOptions,
     pub tensor_cache: Option<std::path::PathBuf>,
+}
+
+impl ServeOptions {
+    pub fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
+        let is_default_model = super::requested_model(a.model.model.clone()).is_none();
+        let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
+        let device = a.model.device.resolve()?;
+        let parent = match &a.parent_mesh {
+            Some(p) => Some(p.parse::<MeshShape>()?),
+            None => None,
+        };
+        Ok(ServeOptions {
+            model_dir,
+            is_default_model,
+            revision: a.model.revision.clone(),
+            host: a.host,
+            port: a.port,
+            workers: a.workers,
+            layout: MeshLayout {
+                shape: a.model.mesh.parse()?,
+                parent,
+                first_offset: a.submesh_offset,
+                workers: a.workers.max(1),
+            },
+            precision: device.precision(a.model.precision.as_deref())?,
+            device,
+            max_queue: a.max_queue,
+            rule: a.limits.rule(),
+            api_key: a.api_key,
+            model_names: a
+                .model_names
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect(),
+            warmup: a.warmup,
+            strict: a.strict,
+            max_body_bytes: a.max_body_bytes,
+            demo: a.demo,
+            media_limits: a.media.limits(),
+            tensor_cache: a.tensor_cache,
+            prefix_cache: PrefixCacheOptions {
+                slots: a.prefix_cache,
+                max_bytes: a.prefix_cache_bytes,
+                planner: a.planner,
+            },
+        })
+    }
 }
 
 /// The prefix cache as asked for (`CLEF_PREFIX_CACHE`, `CLEF_PREFIX_CACHE_BYTES`,
@@ -157,9 +207,10 @@ fn card(
         "release_date": "2026-11-29",
         "demo": o.is_default_model,
         "weights": {"path": o.model_dir.display().to_string(), "revision": o.revision},
-        "device": "cpu",
-        "mesh": o.mesh.to_string(),
-        "plan": format!("tensor parallel over the {} mesh of each worker", o.mesh),
+        "device": o.device.name(),
+        "device_backend": o.device.describe(),
+        "mesh": o.layout.shape.to_string(),
+        "plan": format!("tensor parallel over the {} mesh of each worker", o.layout.shape),
         "workers": o.workers,
         "precision": o.precision.card(),
         "backbone": {"hidden_size": t.hidden_size, "layers": t.layers.len(), "vocab_size": t.vocab_size},
@@ -184,47 +235,65 @@ fn card(
 }
 
 pub fn run(o: ServeOptions) -> anyhow::Result<()> {
+    on_device!(&o.device, o.layout, o.precision.numerics(), |open| {
+        run_on(&o, &open)
+    })
+}
+
+/// Load one pipeline per worker on meshes `open(i)` gives, then serve.
+fn run_on<B>(o: &ServeOptions, open: &dyn Fn(usize) -> anyhow::Result<B>) -> anyhow::Result<()>
+where
+    B: MeshOps + Clone + Send + 'static,
+    B::Tensor: Send,
+{
     let ckpt = Checkpoint::open(&o.model_dir)
         .with_context(|| format!("opening {}", o.model_dir.display()))?;
     if o.is_default_model {
         tracing::warn!("serving the built-in DEMO model (tiny, random weights): its answers mean nothing; pass --model for a real checkpoint");
     }
+    tracing::info!(device = %o.device.describe(), "device");
+    let mut first = Some(open(0)?);
+    let backend = first.as_ref().map_or("cpu", |m| m.backend_name());
     let cache = match &o.tensor_cache {
         Some(dir) => Some(TensorCache::open(
             dir,
             &ckpt,
-            CpuMesh::new(o.mesh).backend_name(),
-            &o.mesh.to_string(),
+            backend,
+            &o.layout.shape.to_string(),
             &o.precision.name,
             &o.precision.weight_formats(),
         )?),
         None => None,
     };
     let mut pipelines = Vec::new();
+    let mut meshes = Vec::new();
     let cache_stats = Arc::new(PrefixCacheStats::default());
     let mut cache_plan = None;
     for i in 0..o.workers.max(1) {
-        tracing::info!(worker = i, mesh = %o.mesh, precision = %o.precision.name, "loading weights");
-        let mesh = CpuMesh::new(o.mesh).with_numerics(o.precision.numerics());
+        let mesh = match first.take() {
+            Some(m) => m,
+            None => open(i)?,
+        };
+        tracing::info!(worker = i, mesh = %o.layout.shape, precision = %o.precision.name, "loading weights");
+        meshes.push(mesh.clone());
         let formats = o.precision.weight_formats();
         let t0 = std::time::Instant::now();
-        let pipeline = match &cache {
+        let backbone = match &cache {
             Some(cache) => {
                 let (pb, report) = super::progress::bar("loading the tensor cache");
-                let backbone = Backbone::load_cached(
+                let b = cache.load_backbone(
                     &ckpt,
                     mesh,
-                    cache,
                     &formats,
                     o.precision.bf16_embeddings(),
                     &report,
                 )?;
                 pb.finish_and_clear();
-                Pipeline::with_backbone(&ckpt, backbone, formats.vision)?
+                b
             }
             None => {
                 let (pb, report) = super::progress::bar("loading the checkpoint");
-                let backbone = Backbone::load_reporting(
+                let b = Backbone::load_reporting(
                     &ckpt,
                     mesh,
                     &formats,
@@ -232,17 +301,22 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
                     &report,
                 )?;
                 pb.finish_and_clear();
-                Pipeline::with_backbone(&ckpt, backbone, formats.vision)?
+                b
             }
         };
+        let pipeline = Pipeline::with_backbone(&ckpt, backbone, formats.vision)?;
+        let usage = pipeline.backbone.mesh().usage();
         tracing::info!(
             worker = i,
             ms = t0.elapsed().as_millis() as u64,
             from_cache = cache.is_some(),
+            device_mib = usage
+                .as_ref()
+                .map(|u| u.bytes_per_device.iter().sum::<u64>() >> 20),
             "weights placed"
         );
         let plan = cache_plan
-            .get_or_insert_with(|| plan_prefix_cache(&o, |p| pipeline.prefix_slot_bytes(p)));
+            .get_or_insert_with(|| plan_prefix_cache(o, |p| pipeline.prefix_slot_bytes(p)));
         pipelines.push(
             pipeline
                 .with_prefix_cache(plan.config, cache_stats.clone())
@@ -271,7 +345,8 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         None
     };
     let engine = Engine::start(pipelines, o.max_queue, warmup);
-    let card = card(&o, &ckpt, &limits, &cache_plan);
+    let card = card(o, &ckpt, &limits, &cache_plan);
+    let device_probe = DeviceProbe::new(move || meshes.iter().filter_map(|m| m.usage()).collect());
     let settings = ServerSettings {
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         model_names: o.model_names.clone(),
@@ -280,6 +355,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         rule,
         limits,
         card,
+        device: Some(device_probe),
     };
     let state = AppState::new(engine, settings);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -334,7 +410,8 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 0,
             workers,
-            mesh: MeshShape::ONE,
+            layout: MeshLayout::single(MeshShape::ONE),
+            device: Device::Cpu,
             precision: Precision::resolve("f32", |_| None).unwrap(),
             max_queue: 4,
             rule: LengthRule::Server {

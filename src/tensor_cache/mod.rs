@@ -10,7 +10,8 @@
 //! a temporary directory and renamed into place, so a failed conversion leaves nothing.
 
 use crate::backbone::{
-    count_weights, device_parts, visit_weights, LoadError, PlacedWeights, TpPlan, WeightFormats,
+    count_weights, device_parts, visit_weights, Backbone, LoadError, PlacedWeights, TpPlan,
+    WeightFormats,
 };
 use crate::checkpoint::Checkpoint;
 use clef_device::{MeshOps, SharedBytes, WeightBytes, WeightFormat, WeightKind};
@@ -98,10 +99,15 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The command that rebuilds a cache.
-fn rebuild_hint(model: &Path, profile: &str, mesh: &str, out: &Path) -> String {
+/// The command that rebuilds a cache for a mesh of `backend` (`cpu` or `tt`).
+fn rebuild_hint(model: &Path, backend: &str, profile: &str, mesh: &str, out: &Path) -> String {
+    let device = if backend == "cpu" {
+        String::new()
+    } else {
+        format!(" --device {backend}")
+    };
     format!(
-        "clef-tt convert --model {} --profile {profile} --mesh {mesh} --out {}",
+        "clef-tt convert --model {} --profile {profile} --mesh {mesh}{device} --out {}",
         model.display(),
         out.display()
     )
@@ -249,7 +255,7 @@ impl TensorCache {
         profile: &str,
         formats: &WeightFormats,
     ) -> Result<Self, CacheError> {
-        let hint = rebuild_hint(&ckpt.dir, profile, mesh, dir);
+        let hint = rebuild_hint(&ckpt.dir, backend, profile, mesh, dir);
         let stale = |msg: String| {
             CacheError::Stale(
                 format!("tensor cache {}: {msg}", dir.display()),
@@ -326,6 +332,31 @@ impl TensorCache {
             manifest,
             data: std::sync::Arc::new(data),
         })
+    }
+
+    /// The text backbone of `ckpt` on `mesh` with its weights from this cache (made for this
+    /// mesh and these formats); `progress(done, total)` follows the entries.
+    pub fn load_backbone<B: MeshOps>(
+        &self,
+        ckpt: &Checkpoint,
+        mesh: B,
+        formats: &WeightFormats,
+        bf16_embeddings: bool,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Backbone<B>, CacheError> {
+        let plan =
+            TpPlan::new(&ckpt.config.text, mesh.mesh().devices()).map_err(LoadError::from)?;
+        let t0 = std::time::Instant::now();
+        let placed = self.place(&mesh, &plan, formats, progress)?;
+        Ok(Backbone::from_placed(
+            ckpt,
+            mesh,
+            plan,
+            placed,
+            bf16_embeddings,
+            t0,
+            "tensor cache",
+        )?)
     }
 
     /// Place every weight of `plan` on `mesh` from the cache, checking each entry.

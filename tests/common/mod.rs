@@ -2,6 +2,7 @@
 //! fixture's pipeline under a precision profile.
 #![allow(dead_code)]
 
+pub mod process;
 pub mod server;
 
 use std::path::PathBuf;
@@ -10,22 +11,56 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// The tiny fixture's pipeline under precision profile `profile` (weight formats and the
-/// matrix engine's numerics) on a CPU mesh of `shape`.
-pub fn profile_pipeline(
-    profile: &str,
+pub fn tiny_clef() -> clef_tt::checkpoint::Checkpoint {
+    clef_tt::checkpoint::Checkpoint::open(&fixtures().join("tiny-clef")).unwrap()
+}
+
+/// A Tenstorrent mesh of `shape` through the host shim this build made (simulated devices).
+pub fn tt_mesh(
     shape: clef_device::MeshShape,
-) -> clef_tt::engine::Pipeline<clef_device::cpu::CpuMesh> {
-    let ckpt = clef_tt::checkpoint::Checkpoint::open(&fixtures().join("tiny-clef")).unwrap();
+    numerics: clef_device::Numerics,
+) -> clef_device::tt::TtMesh {
+    let shim = clef_device::tt::Shim::load(None).expect("the host shim (built by cargo build)");
+    clef_device::tt::TtMesh::open(
+        &shim,
+        clef_device::tt::MeshPlacement::direct(shape),
+        numerics,
+    )
+    .unwrap()
+}
+
+/// The tiny fixture's pipeline under precision profile `profile` (weight formats and the
+/// matrix engine's numerics) on the mesh `mesh(numerics)` makes.
+pub fn profile_pipeline_on<B: clef_device::MeshOps>(
+    profile: &str,
+    mesh: impl FnOnce(clef_device::Numerics) -> B,
+) -> clef_tt::engine::Pipeline<B> {
     let profile = clef_tt::precision::Precision::resolve(profile, |_| None).unwrap();
-    let mesh = clef_device::cpu::CpuMesh::new(shape).with_numerics(profile.numerics());
     clef_tt::engine::Pipeline::load(
-        &ckpt,
-        mesh,
+        &tiny_clef(),
+        mesh(profile.numerics()),
         &profile.weight_formats(),
         profile.bf16_embeddings(),
     )
     .unwrap()
+}
+
+/// [`profile_pipeline_on`] a CPU mesh of `shape`.
+pub fn profile_pipeline(
+    profile: &str,
+    shape: clef_device::MeshShape,
+) -> clef_tt::engine::Pipeline<clef_device::cpu::CpuMesh> {
+    profile_pipeline_on(profile, |n| {
+        clef_device::cpu::CpuMesh::new(shape).with_numerics(n)
+    })
+}
+
+/// [`profile_pipeline_on`] a host-shim Tenstorrent mesh of `shape`.
+pub fn tt_profile_pipeline(
+    profile: &str,
+    shape: clef_device::MeshShape,
+) -> clef_tt::engine::Pipeline<clef_device::tt::TtMesh> {
+    profile_pipeline_on(profile, |n| tt_mesh(shape, n))
 }
 
 /// Every tensor of a safetensors file, as (shape, f32 values) — i64, f64 and u8 tensors are

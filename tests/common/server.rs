@@ -33,6 +33,7 @@ pub fn settings() -> ServerSettings {
         rule: RULE,
         limits: HostLimits::default(),
         card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
+        device: None,
     }
 }
 
@@ -41,11 +42,14 @@ pub fn start(settings: ServerSettings, workers: usize, queue: usize) -> String {
     start_with(settings, (0..workers).map(|_| pipeline()).collect(), queue)
 }
 
-pub fn start_with(
+pub fn start_with<B: clef_device::MeshOps + Send + 'static>(
     settings: ServerSettings,
-    pipelines: Vec<Pipeline<CpuMesh>>,
+    pipelines: Vec<Pipeline<B>>,
     queue: usize,
-) -> String {
+) -> String
+where
+    B::Tensor: Send,
+{
     let engine = Engine::start(pipelines, queue, None);
     let state = AppState::new(engine, settings);
     let (tx, rx) = std::sync::mpsc::channel();

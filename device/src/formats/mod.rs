@@ -1,5 +1,5 @@
-//! Tenstorrent tile formats on the host: bf16, bfp8_b and bfp4_b packed exactly as ttnn's host
-//! conversion does (spec/tenstorrent.md §2.2–2.3, checked against ttnn's own bytes in
+//! Tenstorrent tile formats on the host: f32, bf16, bfp8_b and bfp4_b packed exactly as ttnn's
+//! host conversion does (spec/tenstorrent.md §2.2–2.3, checked against ttnn's own bytes in
 //! `tests/fixtures/bfp/`).
 //!
 //! A matrix is padded with zeros to whole 32x32 tiles, tiles follow each other in row-major
@@ -23,6 +23,7 @@ pub const BLOCKS_PER_TILE: usize = 64;
 /// How the values of a tile are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TileFormat {
+    F32,
     Bf16,
     Bfp8,
     Bfp4,
@@ -31,15 +32,27 @@ pub enum TileFormat {
 impl TileFormat {
     pub fn name(self) -> &'static str {
         match self {
+            TileFormat::F32 => "f32",
             TileFormat::Bf16 => "bf16",
             TileFormat::Bfp8 => "bfp8_b",
             TileFormat::Bfp4 => "bfp4_b",
         }
     }
 
-    /// Bytes of one packed tile: 2048 (bf16), 1088 (bfp8_b), 576 (bfp4_b).
+    /// The tile format a weight format is held in on a Tenstorrent device.
+    pub fn of(format: crate::WeightFormat) -> Self {
+        match format {
+            crate::WeightFormat::F32 => TileFormat::F32,
+            crate::WeightFormat::Bf16 => TileFormat::Bf16,
+            crate::WeightFormat::Bfp8 => TileFormat::Bfp8,
+            crate::WeightFormat::Bfp4 => TileFormat::Bfp4,
+        }
+    }
+
+    /// Bytes of one packed tile: 4096 (f32), 2048 (bf16), 1088 (bfp8_b), 576 (bfp4_b).
     pub fn tile_bytes(self) -> usize {
         match self {
+            TileFormat::F32 => TILE * TILE * 4,
             TileFormat::Bf16 => TILE * TILE * 2,
             TileFormat::Bfp8 => BLOCKS_PER_TILE + TILE * TILE,
             TileFormat::Bfp4 => BLOCKS_PER_TILE + TILE * TILE / 2,
@@ -48,7 +61,7 @@ impl TileFormat {
 
     fn block(self) -> Option<BlockFormat> {
         match self {
-            TileFormat::Bf16 => None,
+            TileFormat::F32 | TileFormat::Bf16 => None,
             TileFormat::Bfp8 => Some(BlockFormat::Bfp8),
             TileFormat::Bfp4 => Some(BlockFormat::Bfp4),
         }
@@ -113,6 +126,11 @@ pub fn pack(values: &[f32], rows: usize, cols: usize, format: TileFormat) -> Vec
         for tc in 0..tiles_c {
             let blocks = tile_blocks(values, rows, cols, tr, tc);
             match format.block() {
+                None if format == TileFormat::F32 => {
+                    for v in blocks.iter().flatten() {
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
                 None => {
                     for v in blocks.iter().flatten() {
                         out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes());
@@ -155,6 +173,19 @@ pub fn unpack(
         let (tr, tc) = (t / tiles_c, t % tiles_c);
         for b in 0..BLOCKS_PER_TILE {
             let values = match format.block() {
+                None if format == TileFormat::F32 => {
+                    let mut v = [0.0f32; 16];
+                    for (j, x) in v.iter_mut().enumerate() {
+                        let at = (b * 16 + j) * 4;
+                        *x = f32::from_le_bytes([
+                            tile[at],
+                            tile[at + 1],
+                            tile[at + 2],
+                            tile[at + 3],
+                        ]);
+                    }
+                    v
+                }
                 None => {
                     let mut v = [0.0f32; 16];
                     for (j, x) in v.iter_mut().enumerate() {

@@ -1,0 +1,484 @@
+//! The Tenstorrent backend through the host shim against the CPU mesh: every op of the
+//! backbone and the vision tower on 1x1 and 1x2 meshes with odd shapes (tile padding), every
+//! weight format and matmul numerics, plus placements, copies, the live-tensor count and the
+//! shim's refusals.
+
+use clef_device::cpu::CpuMesh;
+use clef_device::formats::{pack, TileFormat};
+use clef_device::tt::{MeshPlacement, Shim, TtMesh};
+use clef_device::{
+    AttentionSpec, DeltaNetSpec, DeviceError, Fidelity, GatherAxis, Gelu, HostTensor, HostWeight,
+    MeshOps, MeshShape, Numerics, RopeSpec, WeightFormat, WeightKind,
+};
+use std::sync::Arc;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn rows(r: usize, c: usize, seed: u64) -> HostTensor {
+    HostTensor::new(r, c, values(r * c, seed))
+}
+
+fn shim() -> Arc<Shim> {
+    Shim::load(None).expect("the host shim (cargo build makes it)")
+}
+
+fn tt(shape: MeshShape, numerics: Numerics) -> TtMesh {
+    TtMesh::open(&shim(), MeshPlacement::direct(shape), numerics).unwrap()
+}
+
+/// One weight per device (different values per device), as a plan would place it.
+fn weight<B: MeshOps>(
+    m: &B,
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+    kind: WeightKind,
+    seed: u64,
+) -> B::Weight {
+    let parts = (0..m.mesh().devices())
+        .map(|d| HostWeight::f32(rows, cols, values(rows * cols, seed + d as u64)))
+        .collect();
+    m.upload_weight(parts, format, kind).unwrap()
+}
+
+fn vector<B: MeshOps>(m: &B, n: usize, seed: u64) -> B::Weight {
+    weight(m, n, 1, WeightFormat::F32, WeightKind::Vector, seed)
+}
+
+/// Runs the text and vision ops on `m` and returns every result, named, as host rows.
+fn battery<B: MeshOps>(m: &B, format: WeightFormat) -> Vec<(String, HostTensor)> {
+    let mut out: Vec<(String, HostTensor)> = Vec::new();
+    let mut keep = |name: &str, t: &B::Tensor| {
+        for (d, part) in m.device_parts(t).unwrap().into_iter().enumerate() {
+            out.push((format!("{name}[{d}]"), part));
+        }
+    };
+    let n = m.mesh().devices();
+    let (t, hidden) = (37, 64);
+    let x = m.replicate(&rows(t, hidden, 1)).unwrap();
+    // Column-parallel projection, row-parallel projection, all-reduce.
+    let w_in = weight(m, 96, hidden, format, WeightKind::Matrix, 10);
+    let y = m.linear(&x, &w_in).unwrap();
+    keep("linear", &y);
+    let w_out = weight(m, hidden, 96, format, WeightKind::Matrix, 20);
+    let partial = m.linear(&y, &w_out).unwrap();
+    let reduced = m.all_reduce(&partial).unwrap();
+    keep("all_reduce", &reduced);
+    let parts = m.split_cols(&y, &[40, 24, 32]).unwrap();
+    keep("split_cols.0", &parts[0]);
+    keep("split_cols.2", &parts[2]);
+    keep("add", &m.add(&reduced, &x).unwrap());
+    keep(
+        "rms_norm",
+        &m.rms_norm(&x, &vector(m, 32, 30), 32, 1e-6, true).unwrap(),
+    );
+    keep(
+        "rms_norm.plain",
+        &m.rms_norm(&x, &vector(m, 64, 31), 64, 1e-6, false).unwrap(),
+    );
+    keep("swiglu", &m.swiglu(&y).unwrap());
+    // Attention: 2 heads x 24 of [query | gate], 1 KV head of 24 per device.
+    let (heads, kv_heads, d) = (2, 1, 24);
+    let qg = m
+        .shard(
+            (0..n)
+                .map(|i| rows(t, heads * 2 * d, 40 + i as u64))
+                .collect(),
+        )
+        .unwrap();
+    let (q, gate) = m.split_query_gate(&qg, heads, d).unwrap();
+    keep("gate", &gate);
+    let rope = |h| RopeSpec {
+        heads: h,
+        head_dim: d,
+        rotary_dim: 12,
+        theta: 1e7,
+        mrope_section: [2, 2, 2],
+    };
+    let positions: Vec<[u32; 3]> = (0..t as u32).map(|p| [p + 5, p / 3, p % 7]).collect();
+    let q = m.rope(&q, &rope(heads), &positions).unwrap();
+    keep("rope", &q);
+    let k = m
+        .shard(
+            (0..n)
+                .map(|i| rows(t, kv_heads * d, 50 + i as u64))
+                .collect(),
+        )
+        .unwrap();
+    let v = m
+        .shard(
+            (0..n)
+                .map(|i| rows(t, kv_heads * d, 60 + i as u64))
+                .collect(),
+        )
+        .unwrap();
+    let cache_k = m
+        .shard(
+            (0..n)
+                .map(|i| rows(19, kv_heads * d, 70 + i as u64))
+                .collect(),
+        )
+        .unwrap();
+    let cache_v = m
+        .shard(
+            (0..n)
+                .map(|i| rows(19, kv_heads * d, 80 + i as u64))
+                .collect(),
+        )
+        .unwrap();
+    let keys = m.append_rows(Some(&cache_k), &k).unwrap();
+    let vals = m.append_rows(Some(&cache_v), &v).unwrap();
+    keep("append_rows", &keys);
+    keep("append_rows.none", &m.append_rows(None, &v).unwrap());
+    let spec = AttentionSpec {
+        heads,
+        kv_heads,
+        head_dim: d,
+    };
+    let attn = m.causal_attention(&q, &keys, &vals, &spec).unwrap();
+    keep("causal_attention", &attn);
+    keep("mul_sigmoid", &m.mul_sigmoid(&attn, &gate).unwrap());
+    // DeltaNet: 1 key head x 16, 3 value heads x 12 per device, conv over q|k|v.
+    let delta = DeltaNetSpec {
+        key_heads: 1,
+        value_heads: 3,
+        key_dim: 16,
+        value_dim: 12,
+        conv_kernel: 4,
+    };
+    let ch = delta.conv_channels();
+    let qkv = m
+        .shard((0..n).map(|i| rows(t, ch, 90 + i as u64)).collect())
+        .unwrap();
+    let taps = weight(m, ch, 4, WeightFormat::F32, WeightKind::Vector, 100);
+    let (conv, carry) = m.causal_conv1d_silu(&qkv, &taps, None, 4).unwrap();
+    keep("conv", &conv);
+    keep("conv.carry", &carry);
+    let (conv2, _) = m.causal_conv1d_silu(&qkv, &taps, Some(&carry), 4).unwrap();
+    keep("conv.continued", &conv2);
+    let a = m
+        .shard((0..n).map(|i| rows(t, 3, 110 + i as u64)).collect())
+        .unwrap();
+    let b = m
+        .shard((0..n).map(|i| rows(t, 3, 120 + i as u64)).collect())
+        .unwrap();
+    let (g, beta) = m
+        .delta_gates(&a, &b, &vector(m, 3, 130), &vector(m, 3, 131))
+        .unwrap();
+    keep("delta_gates.g", &g);
+    keep("delta_gates.beta", &beta);
+    let (core, state) = m.gated_delta_rule(&conv, &g, &beta, None, &delta).unwrap();
+    keep("delta_rule", &core);
+    keep("delta_rule.state", &state);
+    let (core2, state2) = m
+        .gated_delta_rule(&conv2, &g, &beta, Some(&state), &delta)
+        .unwrap();
+    keep("delta_rule.continued", &core2);
+    keep("delta_rule.state2", &state2);
+    let z = m
+        .shard((0..n).map(|i| rows(t, 36, 140 + i as u64)).collect())
+        .unwrap();
+    keep(
+        "gated_rms_norm",
+        &m.gated_rms_norm(&core, &z, &vector(m, 12, 150), 12, 1e-6)
+            .unwrap(),
+    );
+    // Vision ops.
+    let ln = m
+        .layer_norm(&x, &vector(m, 64, 160), &vector(m, 64, 161), 1e-6)
+        .unwrap();
+    keep("layer_norm", &ln);
+    keep("add_bias", &m.add_bias(&y, &vector(m, 96, 170)).unwrap());
+    keep("gelu.tanh", &m.gelu(&y, Gelu::Tanh).unwrap());
+    keep("gelu.erf", &m.gelu(&y, Gelu::Erf).unwrap());
+    let cos = m.replicate(&rows(t, d, 180)).unwrap();
+    let sin = m.replicate(&rows(t, d, 181)).unwrap();
+    let rq = m.rotary(&attn, &cos, &sin, heads, d).unwrap();
+    keep("rotary", &rq);
+    let segs = [0..16, 16..20, 20..37];
+    keep(
+        "segment_attention",
+        &m.segment_attention(&rq, &attn, &gate, heads, d, &segs)
+            .unwrap(),
+    );
+    let patches = m
+        .shard((0..n).map(|i| rows(36, 24, 190 + i as u64)).collect())
+        .unwrap();
+    let folded = m.fold_rows(&patches, 4).unwrap();
+    keep("fold_rows", &folded);
+    out.push((
+        "gather.cols".into(),
+        m.gather(&y, GatherAxis::Cols).unwrap(),
+    ));
+    out.push((
+        "gather.rows".into(),
+        m.gather(&state, GatherAxis::Rows).unwrap(),
+    ));
+    out.push((
+        "gather.partial".into(),
+        m.gather(&partial, GatherAxis::Cols).unwrap(),
+    ));
+    out
+}
+
+fn compare(cpu: &[(String, HostTensor)], tt: &[(String, HostTensor)], rel: f32, what: &str) {
+    assert_eq!(cpu.len(), tt.len(), "{what}: result count");
+    for ((name, a), (name_b, b)) in cpu.iter().zip(tt) {
+        assert_eq!(name, name_b);
+        assert_eq!((a.rows, a.cols), (b.rows, b.cols), "{what} {name}: shape");
+        let scale = a.data.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
+        let worst = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= rel * scale,
+            "{what} {name}: |cpu - tt| up to {worst} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn every_op_through_the_host_shim_matches_the_cpu_mesh() {
+    for shape in [MeshShape::ONE, MeshShape::PAIR] {
+        for format in [
+            WeightFormat::F32,
+            WeightFormat::Bf16,
+            WeightFormat::Bfp8,
+            WeightFormat::Bfp4,
+        ] {
+            let cpu = battery(&CpuMesh::new(shape), format);
+            let tt = battery(&tt(shape, Numerics::default()), format);
+            compare(&cpu, &tt, 2e-5, &format!("{shape} {}", format.name()));
+        }
+    }
+}
+
+#[test]
+fn matmul_numerics_are_imitated_like_the_cpu_mesh() {
+    for numerics in [
+        Numerics {
+            bf16_activations: true,
+            fidelity: Fidelity::HiFi4,
+            bf16_accumulation: false,
+        },
+        Numerics {
+            bf16_activations: true,
+            fidelity: Fidelity::HiFi2,
+            bf16_accumulation: true,
+        },
+        Numerics {
+            bf16_activations: true,
+            fidelity: Fidelity::LoFi,
+            bf16_accumulation: false,
+        },
+    ] {
+        for shape in [MeshShape::ONE, MeshShape::PAIR] {
+            let cpu = battery(
+                &CpuMesh::new(shape).with_numerics(numerics),
+                WeightFormat::Bfp8,
+            );
+            let tt = battery(&tt(shape, numerics), WeightFormat::Bfp8);
+            // Same truncations; the sums run in another order, so a bf16 accumulator may round
+            // the other way at a chunk boundary (one bf16 ulp, 2^-8 relative).
+            let rel = if numerics.bf16_accumulation {
+                1e-2
+            } else {
+                2e-5
+            };
+            compare(&cpu, &tt, rel, &format!("{shape} {numerics:?}"));
+        }
+    }
+}
+
+#[test]
+fn weights_are_held_as_the_rust_packer_writes_them_and_round_trip_through_a_cache() {
+    let m = tt(MeshShape::PAIR, Numerics::default());
+    let cpu = CpuMesh::new(MeshShape::PAIR);
+    for format in [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::Bfp8,
+        WeightFormat::Bfp4,
+    ] {
+        let (n, k) = (40, 72);
+        let w = weight(&m, n, k, format, WeightKind::Matrix, 7);
+        let exported = m.export_weight(&w).unwrap();
+        for (d, part) in exported.iter().enumerate() {
+            let src = values(n * k, 7 + d as u64);
+            let mut kn = vec![0.0f32; n * k];
+            for o in 0..n {
+                for i in 0..k {
+                    kn[i * n + o] = src[o * k + i];
+                }
+            }
+            assert_eq!(
+                &part.data[..],
+                &pack(&kn, k, n, TileFormat::of(format))[..],
+                "{format:?} device {d}"
+            );
+            assert_eq!((part.rows, part.cols), (n, k));
+        }
+        let back = m.import_weight(exported).unwrap();
+        let x = m.replicate(&rows(5, k, 3)).unwrap();
+        let cpu_w = weight(&cpu, n, k, format, WeightKind::Matrix, 7);
+        let want = cpu
+            .gather(
+                &cpu.linear(&cpu.replicate(&rows(5, k, 3)).unwrap(), &cpu_w)
+                    .unwrap(),
+                GatherAxis::Cols,
+            )
+            .unwrap();
+        let got = m
+            .gather(&m.linear(&x, &back).unwrap(), GatherAxis::Cols)
+            .unwrap();
+        for (a, b) in want.data.iter().zip(&got.data) {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "{format:?}: {a} vs {b}"
+            );
+        }
+        assert!(m.weight_bytes(&back) > 0);
+    }
+    // A cache part of the wrong size is refused by the shim, naming the sizes.
+    let w = weight(&m, 8, 8, WeightFormat::Bfp8, WeightKind::Matrix, 1);
+    let mut parts = m.export_weight(&w).unwrap();
+    parts[1].data = clef_device::SharedBytes::owned(vec![0u8; 17]);
+    let err = m.import_weight(parts).err().unwrap().to_string();
+    assert!(err.contains("upload") && err.contains("17 bytes"), "{err}");
+}
+
+#[test]
+fn copies_are_new_buffers_and_every_tensor_is_freed() {
+    let m = tt(MeshShape::PAIR, Numerics::default());
+    let base = m.status().unwrap();
+    assert_eq!(base.device_ids, vec![0, 1]);
+    assert_eq!(base.live_tensors, 0);
+    {
+        let x = m.replicate(&rows(33, 40, 5)).unwrap();
+        let copy = m.copy(&x).unwrap();
+        let s = m.status().unwrap();
+        assert_eq!(s.live_tensors, 2);
+        // Two f32 tensors of 2x2 tiles on each device.
+        assert_eq!(s.bytes_per_device, vec![2 * 4 * 4096, 2 * 4 * 4096]);
+        assert_eq!(
+            m.gather(&x, GatherAxis::Cols).unwrap(),
+            m.gather(&copy, GatherAxis::Cols).unwrap()
+        );
+        drop(x);
+        assert_eq!(m.status().unwrap().live_tensors, 1);
+        assert_eq!(m.gather(&copy, GatherAxis::Cols).unwrap(), rows(33, 40, 5));
+        // A whole battery of ops leaves nothing behind once its results are dropped.
+        let _ = battery(&m, WeightFormat::Bfp8);
+    }
+    let end = m.status().unwrap();
+    assert_eq!(end.live_tensors, 0);
+    assert_eq!(end.bytes_per_device, vec![0, 0]);
+}
+
+fn shim_error(r: Result<impl Sized, DeviceError>) -> String {
+    match r {
+        Err(e @ DeviceError::Shim { .. }) => e.to_string(),
+        Err(e) => panic!("not a shim error: {e}"),
+        Ok(_) => panic!("accepted"),
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_by_the_shim_naming_the_op_and_the_argument() {
+    let m = tt(MeshShape::PAIR, Numerics::default());
+    let x = m.replicate(&rows(4, 64, 1)).unwrap();
+    let w = weight(&m, 8, 32, WeightFormat::Bf16, WeightKind::Matrix, 2);
+    let e = shim_error(m.linear(&x, &w));
+    assert!(e.contains("linear") && e.contains("input width 64"), "{e}");
+    let y = m
+        .linear(&m.replicate(&rows(4, 32, 3)).unwrap(), &w)
+        .unwrap();
+    let partial = m.linear(
+        &y,
+        &weight(&m, 4, 8, WeightFormat::F32, WeightKind::Matrix, 3),
+    );
+    let partial = partial.unwrap();
+    let e = shim_error(m.add(&partial, &partial));
+    assert!(
+        e.contains("add") && e.contains("argument a") && e.contains("partial"),
+        "{e}"
+    );
+    let e = shim_error(m.all_reduce(&y));
+    assert!(e.contains("all_reduce") && e.contains("sharded"), "{e}");
+    let e = shim_error(m.rms_norm(&x, &vector(&m, 10, 4), 10, 1e-6, true));
+    assert!(
+        e.contains("rms_norm") && e.contains("64 columns in groups of 10"),
+        "{e}"
+    );
+    let e = shim_error(m.rms_norm(&x, &w, 64, 1e-6, true));
+    assert!(
+        e.contains("argument w") && e.contains("expected a vector"),
+        "{e}"
+    );
+    let e = shim_error(m.split_cols(&x, &[10, 10]));
+    assert!(
+        e.contains("split_cols") && e.contains("64 columns split as [10, 10]"),
+        "{e}"
+    );
+    let e = shim_error(m.segment_attention(&x, &x, &x, 2, 32, &[0..2, 3..4]));
+    assert!(
+        e.contains("segment_attention") && e.contains("segments"),
+        "{e}"
+    );
+    // A tensor of another mesh.
+    let other = tt(MeshShape::PAIR, Numerics::default());
+    let foreign = other.replicate(&rows(4, 64, 1)).unwrap();
+    let e = shim_error(m.add(&x, &foreign));
+    assert!(e.contains("argument b belongs to another mesh"), "{e}");
+    // Shard parts that do not match the mesh.
+    assert!(m.shard(vec![rows(2, 2, 1)]).is_err());
+    let live = m.status().unwrap().live_tensors;
+    drop((x, w, y, partial));
+    assert_eq!(m.status().unwrap().live_tensors, live - 4);
+}
+
+#[test]
+fn meshes_open_directly_or_as_submeshes_of_a_shared_parent_within_the_visible_devices() {
+    let s = shim();
+    assert_eq!(s.backend(), "host");
+    assert_eq!(s.visible_devices().unwrap(), 4);
+    let placement = |cols, parent: Option<usize>, offset| MeshPlacement {
+        shape: MeshShape { rows: 1, cols },
+        parent_cols: parent,
+        submesh_offset: offset,
+    };
+    let open = |p| TtMesh::open(&s, p, Numerics::default());
+    let wide = open(placement(8, None, 0)).err().unwrap().to_string();
+    assert!(
+        wide.contains("mesh_open") && wide.contains("needs 8 devices") && wide.contains("sees 4"),
+        "{wide}"
+    );
+    let first = open(placement(2, Some(4), 0)).unwrap();
+    let second = open(placement(2, Some(4), 2)).unwrap();
+    assert_eq!(first.status().unwrap().device_ids, vec![0, 1]);
+    assert_eq!(second.status().unwrap().device_ids, vec![2, 3]);
+    let taken = open(placement(2, Some(4), 2)).err().unwrap().to_string();
+    assert!(
+        taken.contains("already belongs to an open submesh"),
+        "{taken}"
+    );
+    let outside = open(placement(2, Some(4), 4)).err().unwrap().to_string();
+    assert!(outside.contains("outside the 1x4 parent"), "{outside}");
+    drop(second);
+    // Its columns are free again.
+    let again = open(placement(2, Some(4), 2)).unwrap();
+    assert_eq!(again.status().unwrap().device_ids, vec![2, 3]);
+}

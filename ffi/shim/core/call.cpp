@@ -1,0 +1,164 @@
+// The per-call machinery of the C ABI (see call.hpp).
+#include "call.hpp"
+
+#include <cstring>
+
+namespace clef_tt {
+
+namespace {
+thread_local std::string g_last_error;
+}  // namespace
+
+void set_last_error(const char* op, const char* message) noexcept {
+  try {
+    g_last_error = std::string(op) + ": " + message;
+  } catch (...) {
+    // Out of memory while reporting: keep what fits in the existing buffer.
+    try {
+      g_last_error.assign("out of memory while reporting an error");
+    } catch (...) {
+    }
+  }
+}
+
+const char* last_error() noexcept { return g_last_error.c_str(); }
+
+const char* role_name(clef_tt_role role) {
+  switch (role) {
+    case CLEF_TT_ACTIVATION:
+      return "activation";
+    case CLEF_TT_MATRIX:
+      return "matrix";
+    case CLEF_TT_VECTOR:
+      return "vector";
+  }
+  return "unknown role";
+}
+
+const char* placement_name(clef_tt_placement placement) {
+  switch (placement) {
+    case CLEF_TT_REPLICATED:
+      return "replicated";
+    case CLEF_TT_SHARDED:
+      return "sharded";
+    case CLEF_TT_PARTIAL:
+      return "partial";
+  }
+  return "unknown placement";
+}
+
+std::string shape_text(const Meta& m) {
+  return std::to_string(m.rows) + "x" + std::to_string(m.cols);
+}
+
+Call::Call(clef_tt_mesh* mesh, const char* op) : mesh_(mesh), op_(op) {
+  if (mesh == nullptr) invalid("argument mesh is null");
+  if (!Registry::get().has_mesh(mesh)) invalid("argument mesh is not an open mesh");
+  guard_ = std::unique_lock<std::mutex>(mesh->lock);
+}
+
+const clef_tt_tensor& Call::tensor(const clef_tt_tensor* t, const char* name) {
+  if (t == nullptr) invalid(std::string("argument ") + name + " is null");
+  clef_tt_mesh* owner = Registry::get().mesh_of(t);
+  if (owner == nullptr) invalid(std::string("argument ") + name + " is not a live tensor");
+  if (owner != mesh_) invalid(std::string("argument ") + name + " belongs to another mesh");
+  return *t;
+}
+
+const clef_tt_tensor& Call::activation(const clef_tt_tensor* t, const char* name) {
+  const clef_tt_tensor& x = tensor(t, name);
+  if (x.meta.role != CLEF_TT_ACTIVATION) {
+    invalid(std::string("argument ") + name + ": expected an activation, got a " +
+            role_name(x.meta.role) + " weight");
+  }
+  if (x.meta.placement == CLEF_TT_PARTIAL) {
+    invalid(std::string("argument ") + name +
+            ": expected a complete tensor, got a partial one (all_reduce it first)");
+  }
+  return x;
+}
+
+const clef_tt_tensor& Call::vector(const clef_tt_tensor* t, const char* name, uint64_t values) {
+  const clef_tt_tensor& w = tensor(t, name);
+  if (w.meta.role != CLEF_TT_VECTOR) {
+    invalid(std::string("argument ") + name + ": expected a vector weight, got a " +
+            (w.meta.role == CLEF_TT_MATRIX ? "matrix weight" : "activation"));
+  }
+  uint64_t got = static_cast<uint64_t>(w.meta.rows) * w.meta.cols;
+  if (got != values) {
+    invalid(std::string("argument ") + name + ": a weight of " + std::to_string(got) +
+            " values, expected " + std::to_string(values));
+  }
+  return w;
+}
+
+const clef_tt_tensor& Call::matrix(const clef_tt_tensor* t, const char* name) {
+  const clef_tt_tensor& w = tensor(t, name);
+  if (w.meta.role != CLEF_TT_MATRIX) {
+    invalid(std::string("argument ") + name + ": expected a matrix weight, got a " +
+            (w.meta.role == CLEF_TT_VECTOR ? "vector weight" : "activation"));
+  }
+  return w;
+}
+
+void Call::output(clef_tt_tensor** out, const char* name) {
+  if (out == nullptr) invalid(std::string("output ") + name + " is null");
+}
+
+clef_tt_placement Call::elementwise(std::initializer_list<const clef_tt_tensor*> inputs) {
+  clef_tt_placement placement = (*inputs.begin())->meta.placement;
+  for (const clef_tt_tensor* t : inputs) {
+    if (t->meta.placement == CLEF_TT_SHARDED) placement = CLEF_TT_SHARDED;
+  }
+  return placement;
+}
+
+Meta Call::activation_meta(uint32_t rows, uint32_t cols, clef_tt_placement placement) const {
+  Meta m;
+  m.rows = rows;
+  m.cols = cols;
+  m.devices = mesh_->devices;
+  m.dtype = CLEF_TT_F32;
+  m.layout = CLEF_TT_TILE;
+  m.role = CLEF_TT_ACTIVATION;
+  m.placement = placement;
+  return m;
+}
+
+void Call::result(const Meta& meta, StoragePtr storage) {
+  auto t = std::make_unique<clef_tt_tensor>();
+  t->mesh = mesh_;
+  t->meta = meta;
+  t->storage = std::move(storage);
+  results_.push_back(std::move(t));
+}
+
+void Call::publish(std::initializer_list<clef_tt_tensor**> outs) {
+  std::vector<clef_tt_tensor**> list(outs);
+  publish_list(list);
+}
+
+void Call::publish(clef_tt_tensor** outs, size_t n) {
+  std::vector<clef_tt_tensor**> list;
+  list.reserve(n);
+  for (size_t i = 0; i < n; ++i) list.push_back(&outs[i]);
+  publish_list(list);
+}
+
+void Call::publish_list(const std::vector<clef_tt_tensor**>& outs) {
+  if (outs.size() != results_.size()) {
+    throw Error(CLEF_TT_INTERNAL, "results and outputs differ in number");
+  }
+  std::vector<clef_tt_tensor*> raw;
+  raw.reserve(results_.size());
+  for (auto& r : results_) raw.push_back(r.get());
+  Registry::get().add_tensors(raw);
+  // Nothing below can fail: ownership moves to the caller.
+  for (size_t i = 0; i < outs.size(); ++i) *outs[i] = results_[i].release();
+  mesh_->live += outs.size();
+  results_.clear();
+}
+
+void Call::refuse(const std::string& detail) const { invalid("shape mismatch: " + detail); }
+
+}  // namespace clef_tt

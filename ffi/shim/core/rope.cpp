@@ -1,0 +1,39 @@
+// Host-side rotary tables of a chunk: the cos/sin of every row's interleaved M-RoPE angles,
+// computed in f32 as PyTorch (and clef-device's CPU mesh) compute them, so every backend
+// rotates by the same numbers (the ttnn backend uploads them; spec/tenstorrent.md §3).
+#include <cmath>
+
+#include "rope.hpp"
+
+namespace clef_tt {
+
+RopeTables rope_tables(const clef_tt_rope_spec& spec, const uint32_t* positions, uint32_t rows) {
+  RopeTables t;
+  t.rows = rows;
+  t.half = spec.rotary_dim / 2;
+  std::vector<float> inv(t.half);
+  std::vector<uint32_t> axis(t.half);
+  for (uint32_t j = 0; j < t.half; ++j) {
+    float exponent = static_cast<float>(2 * j) / static_cast<float>(spec.rotary_dim);
+    inv[j] = 1.0f / std::pow(static_cast<float>(spec.theta), exponent);
+    if (j % 3 == 1 && j < 3 * spec.mrope_section[1]) {
+      axis[j] = 1;
+    } else if (j % 3 == 2 && j < 3 * spec.mrope_section[2]) {
+      axis[j] = 2;
+    } else {
+      axis[j] = 0;
+    }
+  }
+  t.cos.resize(static_cast<size_t>(rows) * t.half);
+  t.sin.resize(static_cast<size_t>(rows) * t.half);
+  for (uint32_t r = 0; r < rows; ++r) {
+    for (uint32_t j = 0; j < t.half; ++j) {
+      float angle = static_cast<float>(positions[3 * r + axis[j]]) * inv[j];
+      t.cos[static_cast<size_t>(r) * t.half + j] = std::cos(angle);
+      t.sin[static_cast<size_t>(r) * t.half + j] = std::sin(angle);
+    }
+  }
+  return t;
+}
+
+}  // namespace clef_tt

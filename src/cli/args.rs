@@ -1,0 +1,388 @@
+//! The command line's shape: every subcommand, flag and `CLEF_*` variable (clap derive).
+
+use clap::{Parser, Subcommand};
+use clef_tt::encode::LengthRule;
+use clef_tt::precision::parse_flag;
+use clef_tt::random::Shape;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "clef-tt",
+    version,
+    about = "Cloudflare Clef decision models on Tenstorrent and CPU"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API (POST /v1/systemone, GET /v1/models, /health, /metrics).
+    Serve(ServeArgs),
+    /// Print a checkpoint's configuration, tensor groups, head and tokenizer; exit non-zero on
+    /// any inconsistency.
+    Inspect {
+        /// Snapshot directory or hub id in the local Hugging Face cache (default: the built-in
+        /// tiny demo model).
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// Revision of a hub id.
+        #[arg(long, env = "CLEF_REVISION")]
+        revision: Option<String>,
+    },
+    /// Answer the requests of FILE (one JSON value, or one per line) with a local model; one
+    /// result line per request on stdout.
+    Decide {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The reference's single token budget instead of the server's limits.
+        #[arg(long)]
+        max_length: Option<usize>,
+        #[command(flatten)]
+        limits: LengthArgs,
+        /// Send the requests to a running server instead (e.g. http://127.0.0.1:8008), with
+        /// `CLEF_API_KEY` when set; the lines are the same as the local mode's.
+        #[arg(long, conflicts_with = "max_length")]
+        url: Option<String>,
+        file: PathBuf,
+    },
+    /// Score a precision profile against a goldens directory's f32 reference answers.
+    Eval {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// A goldens directory (requests.jsonl + expected_f32.jsonl), e.g.
+        /// tests/fixtures/tiny-clef/goldens.
+        #[arg(long)]
+        goldens: PathBuf,
+        /// Precision profile (f32, bf16, selected, stage1, fast; default: f32 on the CPU,
+        /// selected on Tenstorrent).
+        #[arg(long, env = "CLEF_PRECISION")]
+        profile: Option<String>,
+        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+        mesh: String,
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// Write a tensor cache: the text weights split per device and packed for a mesh, a
+    /// precision profile and a device backend, for `serve --tensor-cache`.
+    Convert {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// Precision profile (default: f32 on the CPU, selected on Tenstorrent).
+        #[arg(long, env = "CLEF_PRECISION")]
+        profile: Option<String>,
+        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+        mesh: String,
+        #[command(flatten)]
+        device: DeviceArgs,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Which device backend is available: the CPU, or the Tenstorrent shim (path, ABI version,
+    /// backend, devices visible, whether a 1x1 and a 1x2 mesh open); exits non-zero with the
+    /// reason when the asked device cannot be used.
+    Devices {
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// Write a complete random-weight checkpoint for benchmarks.
+    MakeRandom {
+        #[arg(long, value_enum, default_value = "0.8b")]
+        shape: Shape,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 20261129)]
+        seed: u64,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+/// The model and how it is placed.
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Snapshot directory or hub id in the local HF cache (default: the built-in demo model).
+    #[arg(long, env = "CLEF_MODEL")]
+    pub model: Option<String>,
+    /// Revision of a hub id.
+    #[arg(long, env = "CLEF_REVISION")]
+    pub revision: Option<String>,
+    /// Mesh shape of each worker's device (1x1, 1x2).
+    #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+    pub mesh: String,
+    /// Precision profile (profiles/*.json): f32 (the reference's numbers), bf16, selected,
+    /// stage1 or fast; knobs can be overridden by environment variables (README). Default:
+    /// f32 on the CPU, selected on Tenstorrent.
+    #[arg(long, env = "CLEF_PRECISION")]
+    pub precision: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// The device a command runs on.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// `cpu` (the reference CPU mesh) or `tt` (a Tenstorrent mesh through the shim library).
+    #[arg(long, env = "CLEF_DEVICE", default_value = "cpu", value_parser = ["cpu", "tt"])]
+    pub device: String,
+    /// The shim library for `--device tt` (default: libclef_tt.so, then libclef_tt_host.so
+    /// next to the binary, then the host shim this build made).
+    #[arg(long, env = "CLEF_TT_SHIM")]
+    pub tt_shim: Option<PathBuf>,
+}
+
+/// The server's prompt length limits.
+#[derive(clap::Args)]
+pub struct LengthArgs {
+    /// Token limit of the state piece (system prompt, media, state).
+    #[arg(long, env = "CLEF_MAX_STATE", default_value_t = 16384)]
+    pub max_state: usize,
+    /// Token limit of the tail (schema and suffix).
+    #[arg(long, env = "CLEF_MAX_TAIL", default_value_t = 4096)]
+    pub max_tail: usize,
+    /// Keep the first state tokens when the state piece is too long.
+    #[arg(long, env = "CLEF_TRUNCATE_STATES", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    pub truncate_states: bool,
+}
+
+impl LengthArgs {
+    pub fn rule(&self) -> LengthRule {
+        LengthRule::Server {
+            max_state: self.max_state,
+            max_tail: self.max_tail,
+            truncate: self.truncate_states,
+        }
+    }
+}
+
+/// Bounds on images and videos (README, "Configuration").
+#[derive(clap::Args)]
+pub struct MediaArgs {
+    /// Images per request.
+    #[arg(long, env = "CLEF_MAX_IMAGES", default_value_t = 4)]
+    pub max_images: usize,
+    /// Base64-decoded bytes of one image or video frame (e.g. 4MiB).
+    #[arg(long, env = "CLEF_MAX_IMAGE_BYTES", value_parser = parse_bytes, default_value = "4MiB")]
+    pub max_image_bytes: usize,
+    /// Pixels of one decoded image or frame.
+    #[arg(long, env = "CLEF_MAX_IMAGE_PIXELS", default_value_t = 16 << 20)]
+    pub max_image_pixels: u64,
+    /// Base64-decoded bytes of all images and frames of a request.
+    #[arg(long, env = "CLEF_MAX_MEDIA_BYTES", value_parser = parse_bytes, default_value = "8MiB")]
+    pub max_media_bytes: usize,
+    /// Videos per request.
+    #[arg(long, env = "CLEF_MAX_VIDEOS", default_value_t = 4)]
+    pub max_videos: usize,
+    /// Frames per video.
+    #[arg(long, env = "CLEF_MAX_VIDEO_FRAMES", default_value_t = 32)]
+    pub max_video_frames: usize,
+    /// Fetch `http(s)://` images (public addresses only, 3 redirects, 10 s).
+    #[arg(long, env = "CLEF_ALLOW_REMOTE_IMAGES", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    pub allow_remote_images: bool,
+}
+
+impl MediaArgs {
+    pub fn limits(&self) -> clef_tt::media::MediaLimits {
+        clef_tt::media::MediaLimits {
+            max_images: self.max_images,
+            max_image_bytes: self.max_image_bytes,
+            max_image_pixels: self.max_image_pixels,
+            max_total_bytes: self.max_media_bytes,
+            max_videos: self.max_videos,
+            max_frames: self.max_video_frames,
+            remote: clef_tt::media::remote::RemoteImages {
+                enabled: self.allow_remote_images,
+                allow: Vec::new(),
+            },
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, env = "CLEF_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, env = "CLEF_PORT", default_value_t = 8008)]
+    pub port: u16,
+    /// Workers (one mesh each).
+    #[arg(long, env = "CLEF_WORKERS", default_value_t = 1)]
+    pub workers: usize,
+    /// Tenstorrent: open this parent mesh (e.g. 1x4) and give each worker a submesh of it
+    /// (default with several workers: a parent as wide as all of them).
+    #[arg(long, env = "CLEF_PARENT_MESH")]
+    pub parent_mesh: Option<String>,
+    /// Tenstorrent: the parent column of the first worker's submesh (worker i: + i x cols).
+    #[arg(long, env = "CLEF_SUBMESH_OFFSET", default_value_t = 0)]
+    pub submesh_offset: usize,
+    /// Requests that may wait for a worker; more get 429.
+    #[arg(long, env = "CLEF_MAX_QUEUE", default_value_t = 64)]
+    pub max_queue: usize,
+    #[command(flatten)]
+    pub limits: LengthArgs,
+    #[command(flatten)]
+    pub media: MediaArgs,
+    /// Require `Authorization: Bearer <key>` on everything but /health.
+    #[arg(long, env = "CLEF_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Comma-separated model names to serve; unset accepts and echoes any name.
+    #[arg(long, env = "CLEF_MODEL_NAMES", value_delimiter = ',')]
+    pub model_names: Vec<String>,
+    /// Answer one request per worker before reporting ready.
+    #[arg(long, env = "CLEF_WARMUP", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
+    pub warmup: bool,
+    /// Add the hosted API's rules (instructions required, id pattern, 2+ options and levels).
+    #[arg(long, env = "CLEF_STRICT", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    pub strict: bool,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
+    pub max_body_bytes: usize,
+    /// Serve the browser demo page at `/` (0 turns it off).
+    #[arg(long, env = "CLEF_DEMO", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
+    pub demo: bool,
+    /// A serve profile (profiles/p150x2.toml, p150x4.toml): its `port` and `[env]` settings
+    /// apply where neither a flag nor the environment sets them.
+    #[arg(long)]
+    pub settings: Option<PathBuf>,
+    /// Load the weights from a tensor cache written by `clef-tt convert` for the same model,
+    /// mesh and profile (refused, with the command to rebuild it, when anything differs).
+    #[arg(long, env = "CLEF_TENSOR_CACHE")]
+    pub tensor_cache: Option<PathBuf>,
+    /// State prefixes each worker keeps (0 disables the prefix cache).
+    #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
+    pub prefix_cache: usize,
+    /// Bytes all prefix cache slots may hold together (e.g. 2GiB); unset: half the memory
+    /// available at start.
+    #[arg(long, env = "CLEF_PREFIX_CACHE_BYTES", value_parser = parse_bytes)]
+    pub prefix_cache_bytes: Option<usize>,
+    /// Cache prefixes at whole prefill passes (see README, "Prefix cache").
+    #[arg(long, env = "CLEF_PLANNER", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
+    pub planner: bool,
+}
+
+/// A byte count: digits with an optional `KiB`/`MiB`/`GiB` (or `K`/`M`/`G`) suffix.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 2147483648 or 2GiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        other => return Err(format!("unknown byte unit {other:?} (KiB, MiB, GiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Prefill tokens/s for each weight format, mesh and length.
+    Prefill {
+        #[arg(long, env = "CLEF_MODEL")]
+        model: Option<String>,
+        /// Prompt lengths in tokens.
+        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+        tokens: Vec<usize>,
+        /// Weight formats (f32, bf16).
+        #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+        weights: Vec<String>,
+        /// Mesh shapes.
+        #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
+        mesh: Vec<String>,
+        /// Timed runs per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Print the wall time of every device op (per prefill, warm-up included; CPU only).
+        #[arg(long)]
+        profile: bool,
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// Latency (new / repeated state) and requests per second of a running server.
+    Http {
+        #[arg(long, default_value = "http://127.0.0.1:8008")]
+        url: String,
+        /// Measured requests per latency case (medians are reported; the package's protocol:
+        /// 20).
+        #[arg(long, default_value_t = 6)]
+        samples: usize,
+        /// Unmeasured requests before each latency case (the package's: 2).
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// State tokens of the long-state case.
+        #[arg(long, default_value_t = 2200)]
+        long_tokens: usize,
+        /// Samples of the case at the server's state limit (0 skips it; the package's protocol
+        /// is 3 after 1 warm-up).
+        #[arg(long, default_value_t = 0)]
+        limit_samples: usize,
+        #[arg(long, default_value_t = 1)]
+        limit_warmup: usize,
+        /// Concurrent clients of the throughput runs (empty skips them).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+        clients: Vec<usize>,
+        /// Requests per throughput pass (the package's protocol: 256).
+        #[arg(long, default_value_t = 12)]
+        requests: usize,
+        /// Distinct states the throughput requests cycle through (the package's: 64).
+        #[arg(long, default_value_t = 6)]
+        states: usize,
+        /// Stop taking new samples after this many seconds.
+        #[arg(long, default_value_t = 900.0)]
+        max_seconds: f64,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The Clef-27B vision tower (random weights) per image on CPU meshes.
+    Vision {
+        /// Image sizes, width x height (multiples of 32).
+        #[arg(long, value_delimiter = ',', default_value = "448x448,1344x1344")]
+        sizes: Vec<String>,
+        /// Mesh shapes to run the tower on (its TP=2 plan on 1x2).
+        #[arg(long, value_delimiter = ',', default_value = "1x1")]
+        mesh: Vec<String>,
+        /// Format of the tower's matrices (f32, bf16, bfp8_b, bfp4_b).
+        #[arg(long, default_value = "f32")]
+        format: String,
+        /// Also print the time spent in each mesh op.
+        #[arg(long)]
+        profile: bool,
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+    },
+    /// Joint head time at Clef-27B width (random weights), 6 questions of 2-5 options.
+    Head {
+        /// Memory rows (prompt tokens).
+        #[arg(long, value_delimiter = ',', default_value = "300,2200,16384")]
+        rows: Vec<usize>,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1k"), Ok(1024));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! The device a command runs on (`--device cpu|tt`, `--tt-shim`): the CPU mesh, or a
+//! Tenstorrent mesh through a shim library loaded at run time. Commands are written once over
+//! `MeshOps`; [`on_device!`] instantiates them for the chosen backend with a function that opens
+//! worker `i`'s mesh. Also `clef-tt devices`.
+
+use super::args::DeviceArgs;
+use anyhow::Context;
+use clef_device::tt::{MeshPlacement, Shim, TtMesh};
+use clef_device::{MeshShape, Numerics};
+use clef_tt::precision::Precision;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The backend chosen for this run.
+pub enum Device {
+    Cpu,
+    Tt(Arc<Shim>),
+}
+
+impl DeviceArgs {
+    /// The device, with its shim loaded (and checked) for `tt`.
+    pub fn resolve(&self) -> anyhow::Result<Device> {
+        match self.device.as_str() {
+            "tt" => Ok(Device::Tt(Shim::load(self.tt_shim.as_deref())?)),
+            _ => Ok(Device::Cpu),
+        }
+    }
+}
+
+impl Device {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Tt(_) => "tt",
+        }
+    }
+
+    /// The precision profile asked for, else the device's default (the reference's f32 on
+    /// the CPU, the port's `selected` on Tenstorrent).
+    pub fn precision(&self, asked: Option<&str>) -> anyhow::Result<Precision> {
+        let default = match self {
+            Device::Cpu => "f32",
+            Device::Tt(_) => "selected",
+        };
+        Ok(Precision::from_env(asked.unwrap_or(default))?)
+    }
+
+    /// What the card and the log say of the backend.
+    pub fn describe(&self) -> Value {
+        match self {
+            Device::Cpu => json!({"kind": "cpu"}),
+            Device::Tt(shim) => json!({
+                "kind": "tt",
+                "shim": shim.path().display().to_string(),
+                "abi_version": shim.version(),
+                "backend": shim.backend(),
+                "hardware": shim.backend() == "ttnn",
+            }),
+        }
+    }
+}
+
+/// How the workers' meshes sit on the devices.
+#[derive(Clone, Copy, Debug)]
+pub struct MeshLayout {
+    pub shape: MeshShape,
+    /// A parent mesh the workers' submeshes are taken from.
+    pub parent: Option<MeshShape>,
+    /// Parent column of worker 0's submesh.
+    pub first_offset: usize,
+    pub workers: usize,
+}
+
+impl MeshLayout {
+    pub fn single(shape: MeshShape) -> Self {
+        MeshLayout {
+            shape,
+            parent: None,
+            first_offset: 0,
+            workers: 1,
+        }
+    }
+
+    /// Worker `i`'s mesh: direct for one worker without a parent; otherwise the submesh at
+    /// `first_offset + i * cols` of the parent (by default as wide as all workers together).
+    pub fn placement(&self, worker: usize) -> MeshPlacement {
+        let parent = self.parent.map(|p| p.cols).or_else(|| {
+            (self.workers > 1 || self.first_offset > 0)
+                .then(|| self.first_offset + self.shape.cols * self.workers)
+        });
+        match parent {
+            None => MeshPlacement::direct(self.shape),
+            Some(cols) => MeshPlacement {
+                shape: self.shape,
+                parent_cols: Some(cols),
+                submesh_offset: self.first_offset + worker * self.shape.cols,
+            },
+        }
+    }
+}
+
+/// Opens worker `worker`'s Tenstorrent mesh.
+pub fn open_tt(
+    shim: &Arc<Shim>,
+    layout: MeshLayout,
+    worker: usize,
+    numerics: Numerics,
+) -> anyhow::Result<TtMesh> {
+    let placement = layout.placement(worker);
+    TtMesh::open(shim, placement, numerics).with_context(|| {
+        format!(
+            "opening the {} mesh of worker {worker} through {}",
+            layout.shape,
+            shim.path().display()
+        )
+    })
+}
+
+/// Runs `$body` with `$open: impl Fn(usize) -> anyhow::Result<B>` opening worker `i`'s mesh
+/// of the chosen device, for `B` = the CPU mesh or the Tenstorrent mesh.
+macro_rules! on_device {
+    ($device:expr, $layout:expr, $numerics:expr, |$open:ident| $body:expr) => {{
+        let layout: $crate::cli::device::MeshLayout = $layout;
+        let numerics: clef_device::Numerics = $numerics;
+        match $device {
+            $crate::cli::device::Device::Cpu => {
+                let $open = move |_worker: usize| -> anyhow::Result<clef_device::cpu::CpuMesh> {
+                    Ok(clef_device::cpu::CpuMesh::new(layout.shape).with_numerics(numerics))
+                };
+                $body
+            }
+            $crate::cli::device::Device::Tt(shim) => {
+                let shim = shim.clone();
+                let $open = move |worker: usize| {
+                    $crate::cli::device::open_tt(&shim, layout, worker, numerics)
+                };
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use on_device;
+
+/// `clef-tt devices`: prints what the asked device offers; an error when it cannot be used.
+pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let device = args.resolve()?;
+    match &device {
+        Device::Cpu => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            out.push_str(&format!(
+                "device: cpu (the clef-device CPU mesh: 1x1, or 1x2 simulated devices)\ncores: {cores}\nvector units: {}\n",
+                cpu_features()
+            ));
+        }
+        Device::Tt(shim) => {
+            out.push_str(&format!(
+                "device: tt\nshim: {}\nabi version: {}\nbackend: {}{}\n",
+                shim.path().display(),
+                shim.version(),
+                shim.backend(),
+                if shim.backend() == "host" {
+                    " (simulated devices in host memory; no Tenstorrent hardware is used)"
+                } else {
+                    ""
+                }
+            ));
+            let visible = shim.visible_devices()?;
+            out.push_str(&format!("devices visible: {visible}\n"));
+            let mut failed = Vec::new();
+            for shape in [MeshShape::ONE, MeshShape::PAIR] {
+                match TtMesh::open(shim, MeshPlacement::direct(shape), Numerics::default())
+                    .and_then(|m| m.status())
+                {
+                    Ok(s) => out.push_str(&format!(
+                        "{shape} mesh: opens (devices {:?})\n",
+                        s.device_ids
+                    )),
+                    Err(e) => {
+                        out.push_str(&format!("{shape} mesh: does not open: {e}\n"));
+                        failed.push(shape.to_string());
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                print!("{out}");
+                anyhow::bail!("the {} mesh cannot be opened", failed.join(" and "));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The vector instruction sets of this CPU that clef-device can use.
+fn cpu_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut f = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            f.push("avx512f");
+        }
+        if std::arch::is_x86_feature_detected!("avx512bf16") {
+            f.push("avx512bf16");
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            f.push("avx2");
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            f.push("fma");
+        }
+        if f.is_empty() {
+            "none (portable code)".into()
+        } else {
+            f.join(", ")
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "portable code".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_take_consecutive_submeshes_of_one_parent() {
+        let one = MeshLayout::single(MeshShape::PAIR);
+        assert_eq!(one.placement(0), MeshPlacement::direct(MeshShape::PAIR));
+        let two = MeshLayout { workers: 2, ..one };
+        assert_eq!(two.placement(0).parent_cols, Some(4));
+        assert_eq!(two.placement(1).submesh_offset, 2);
+        let offset = MeshLayout {
+            parent: Some("1x4".parse().unwrap()),
+            first_offset: 2,
+            ..one
+        };
+        assert_eq!(offset.placement(0).submesh_offset, 2);
+        assert_eq!(offset.placement(0).parent_cols, Some(4));
+    }
+}
