@@ -23,9 +23,14 @@ const SOURCES: [&str; 8] = [
     "host/tiles.cpp",
 ];
 
-const FLAGS: [&str; 7] = [
+/// The host shim is built for the machine that builds it (`-march=native`: it is a test and
+/// bring-up backend, not a redistributable); `-ffp-contract=off` keeps its roundings the same
+/// on every CPU (no fused multiply-adds), so only its speed depends on the machine.
+const FLAGS: [&str; 9] = [
     "-std=c++20",
     "-O3",
+    "-march=native",
+    "-ffp-contract=off",
     "-fPIC",
     "-Wall",
     "-Wextra",

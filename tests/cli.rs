@@ -10,7 +10,7 @@ use clef_tt::checkpoint::Checkpoint;
 use std::path::Path;
 use std::process::Command;
 
-use common::process::{assert_succeeded, clef_tt, post_json, spawn_server};
+use common::process::{assert_succeeded, clef_tt, post_json, refused, spawn_server};
 
 #[test]
 fn inspect_reports_the_built_in_model_from_any_directory() {
@@ -403,22 +403,19 @@ fn serve_maps_a_converted_tensor_cache_and_refuses_a_mismatched_one() {
     );
     drop(server);
     // Another profile: refused at start, saying how to rebuild.
-    let refused = clef_tt()
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--precision",
-            "f32",
-            "--mesh",
-            "1x2",
-            "--tensor-cache",
-        ])
-        .arg(&cache)
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let err = String::from_utf8_lossy(&refused.stderr);
+    let serve = [
+        "serve",
+        "--port",
+        "0",
+        "--precision",
+        "f32",
+        "--mesh",
+        "1x2",
+    ];
+    let err = refused(
+        &[&serve[..], &["--tensor-cache", cache.to_str().unwrap()]].concat(),
+        &[],
+    );
     assert!(
         err.contains("clef-tt convert") && err.contains("profile selected"),
         "{err}"

@@ -194,6 +194,31 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
     );
 }
 
+/// The media of every golden request without a JPEG (whose decoders differ) that validates
+/// and prepares, with its id.
+fn prepared_png_cases(
+    tokenizer: &tokenizers::Tokenizer,
+    tokens: &clef_vision::MediaTokens,
+) -> Vec<(String, clef_tt::media::PreparedMedia)> {
+    jsonl("requests.jsonl")
+        .iter()
+        .filter(|r| !r["media_inputs"].to_string().contains("JPEG"))
+        .filter_map(|r| {
+            let body = parse_body(r["body"].as_str()?.as_bytes()).ok()?;
+            let req = validate(&body, None).ok()?;
+            let media = prepare(
+                tokenizer,
+                tokens,
+                &req.images,
+                &req.videos,
+                &MediaLimits::default(),
+            )
+            .ok()?;
+            Some((r["id"].as_str()?.to_string(), media))
+        })
+        .collect()
+}
+
 /// The tower through the Tenstorrent C ABI (host shim) on 1x1 and by its TP=2 plan on 1x2,
 /// against the same f32 run and bounds as on the CPU mesh.
 #[test]
@@ -207,28 +232,11 @@ fn the_tower_through_the_tt_shim_matches_the_f32_run_on_both_meshes() {
         let tower = load_tower(&ckpt, &mesh, WeightFormat::F32)
             .unwrap()
             .unwrap();
-        for request in jsonl("requests.jsonl") {
-            if request["media_inputs"].to_string().contains("JPEG") {
-                continue;
-            }
-            let body = parse_body(request["body"].as_str().unwrap().as_bytes()).unwrap();
-            let Ok(req) = validate(&body, None) else {
-                continue;
-            };
-            let Ok(media) = prepare(
-                &tokenizer,
-                &tokens,
-                &req.images,
-                &req.videos,
-                &MediaLimits::default(),
-            ) else {
-                continue;
-            };
-            let id = request["id"].as_str().unwrap();
+        for (id, media) in prepared_png_cases(&tokenizer, &tokens) {
             if reference.contains_key(&format!("{id}.image_embeds"))
                 || reference.contains_key(&format!("{id}.video_embeds"))
             {
-                checked += check_tower(&mesh, &tower, &reference, id, &media);
+                checked += check_tower(&mesh, &tower, &reference, &id, &media);
             }
         }
     }
@@ -442,31 +450,11 @@ fn the_bf16_tower_is_within_two_percent_of_the_reference_bf16_run() {
     let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
     let profile = Precision::resolve("bf16", |_| None).unwrap();
     let reference = common::read_tensors(&media_dir().join("tensors_bf16.safetensors"));
-    let requests = jsonl("requests.jsonl");
     let mut checked = 0;
     for shape in [MeshShape::ONE, MeshShape::PAIR] {
         let mesh = CpuMesh::new(shape).with_numerics(profile.numerics());
         let tower = load_tower(&ckpt, &mesh, profile.vision).unwrap().unwrap();
-        for request in &requests {
-            let id = request["id"].as_str().unwrap();
-            if request["media_inputs"].to_string().contains("JPEG") {
-                continue;
-            }
-            let Ok(req) = validate(
-                &parse_body(request["body"].as_str().unwrap().as_bytes()).unwrap(),
-                None,
-            ) else {
-                continue;
-            };
-            let Ok(media) = prepare(
-                &tokenizer,
-                &tokens,
-                &req.images,
-                &req.videos,
-                &MediaLimits::default(),
-            ) else {
-                continue;
-            };
+        for (id, media) in prepared_png_cases(&tokenizer, &tokens) {
             for (name, rows, grids) in [
                 ("image_embeds", &media.pixel_values, &media.image_grids),
                 (

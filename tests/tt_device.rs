@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::process::{assert_succeeded, clef_tt, post_json, spawn_server};
+use common::process::{assert_succeeded, clef_tt, post_json, refused, spawn_server};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -179,19 +179,10 @@ fn a_failing_device_op_is_a_500_and_leaves_no_device_buffer_behind() {
     );
 }
 
-/// `clef-tt serve` that must fail at start; its stderr.
+/// `clef-tt serve --device tt` that must fail at start; its stderr.
 fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut cmd = clef_tt();
-    cmd.args(["serve", "--port", "0", "--device", "tt", "--warmup", "0"])
-        .args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    assert!(!out.status.success(), "the server started");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "{err}");
-    err
+    let serve = ["serve", "--port", "0", "--device", "tt", "--warmup", "0"];
+    refused(&[&serve[..], args].concat(), env)
 }
 
 fn stand_in(name: &str, source: &str) -> PathBuf {
@@ -306,22 +297,19 @@ fn a_tt_tensor_cache_is_served_by_the_tt_device_and_refused_by_the_cpu() {
         );
     }
     drop(plain);
-    let out = clef_tt()
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--precision",
-            "selected",
-            "--mesh",
-            "1x2",
-            "--tensor-cache",
-        ])
-        .arg(&cache)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let serve_cpu = [
+        "serve",
+        "--port",
+        "0",
+        "--precision",
+        "selected",
+        "--mesh",
+        "1x2",
+    ];
+    let err = refused(
+        &[&serve_cpu[..], &["--tensor-cache", cache.to_str().unwrap()]].concat(),
+        &[],
+    );
     assert!(err.contains("built for backend tt, asked for cpu"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

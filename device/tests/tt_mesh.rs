@@ -3,6 +3,8 @@
 //! weight format and matmul numerics, plus placements, copies, the live-tensor count and the
 //! shim's refusals.
 
+mod common;
+
 use clef_device::cpu::CpuMesh;
 use clef_device::formats::{pack, TileFormat};
 use clef_device::tt::{MeshPlacement, Shim, TtMesh};
@@ -10,19 +12,8 @@ use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, Fidelity, GatherAxis, Gelu, HostTensor, HostWeight,
     MeshOps, MeshShape, Numerics, RopeSpec, WeightFormat, WeightKind,
 };
+use common::values;
 use std::sync::Arc;
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn rows(r: usize, c: usize, seed: u64) -> HostTensor {
     HostTensor::new(r, c, values(r * c, seed))

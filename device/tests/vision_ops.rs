@@ -1,23 +1,14 @@
 //! The vision tower's ops on the CPU mesh against independent f64 computations, on one device
 //! and split over two (heads sharded), and their shape checks.
 
+mod common;
+
 use clef_device::cpu::CpuMesh;
 use clef_device::{
     DeviceError, GatherAxis, Gelu, HostTensor, HostWeight, MeshOps, MeshShape, WeightFormat,
     WeightKind,
 };
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use common::values;
 
 fn vector(mesh: &CpuMesh, v: &[f32]) -> <CpuMesh as MeshOps>::Weight {
     let part = HostWeight::f32(v.len(), 1, v.to_vec());

@@ -50,33 +50,18 @@ pub enum Command {
     },
     /// Score a precision profile against a goldens directory's f32 reference answers.
     Eval {
-        #[arg(long, env = "CLEF_MODEL")]
-        model: Option<String>,
+        #[command(flatten)]
+        placed: ProfileArgs,
         /// A goldens directory (requests.jsonl + expected_f32.jsonl), e.g.
         /// tests/fixtures/tiny-clef/goldens.
         #[arg(long)]
         goldens: PathBuf,
-        /// Precision profile (f32, bf16, selected, stage1, fast; default: f32 on the CPU,
-        /// selected on Tenstorrent).
-        #[arg(long, env = "CLEF_PRECISION")]
-        profile: Option<String>,
-        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-        mesh: String,
-        #[command(flatten)]
-        device: DeviceArgs,
     },
     /// Write a tensor cache: the text weights split per device and packed for a mesh, a
     /// precision profile and a device backend, for `serve --tensor-cache`.
     Convert {
-        #[arg(long, env = "CLEF_MODEL")]
-        model: Option<String>,
-        /// Precision profile (default: f32 on the CPU, selected on Tenstorrent).
-        #[arg(long, env = "CLEF_PRECISION")]
-        profile: Option<String>,
-        #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-        mesh: String,
         #[command(flatten)]
-        device: DeviceArgs,
+        placed: ProfileArgs,
         #[arg(long)]
         out: PathBuf,
     },
@@ -120,6 +105,21 @@ pub struct ModelArgs {
     /// f32 on the CPU, selected on Tenstorrent.
     #[arg(long, env = "CLEF_PRECISION")]
     pub precision: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// A model placed on one mesh under a precision profile (`eval`, `convert`).
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    #[arg(long, env = "CLEF_MODEL")]
+    pub model: Option<String>,
+    /// Precision profile (f32, bf16, selected, stage1, fast; default: f32 on the CPU,
+    /// selected on Tenstorrent).
+    #[arg(long, env = "CLEF_PRECISION")]
+    pub profile: Option<String>,
+    #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
+    pub mesh: String,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -313,34 +313,8 @@ pub enum BenchCommand {
     Http {
         #[arg(long, default_value = "http://127.0.0.1:8008")]
         url: String,
-        /// Measured requests per latency case (medians are reported; the package's protocol:
-        /// 20).
-        #[arg(long, default_value_t = 6)]
-        samples: usize,
-        /// Unmeasured requests before each latency case (the package's: 2).
-        #[arg(long, default_value_t = 1)]
-        warmup: usize,
-        /// State tokens of the long-state case.
-        #[arg(long, default_value_t = 2200)]
-        long_tokens: usize,
-        /// Samples of the case at the server's state limit (0 skips it; the package's protocol
-        /// is 3 after 1 warm-up).
-        #[arg(long, default_value_t = 0)]
-        limit_samples: usize,
-        #[arg(long, default_value_t = 1)]
-        limit_warmup: usize,
-        /// Concurrent clients of the throughput runs (empty skips them).
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
-        clients: Vec<usize>,
-        /// Requests per throughput pass (the package's protocol: 256).
-        #[arg(long, default_value_t = 12)]
-        requests: usize,
-        /// Distinct states the throughput requests cycle through (the package's: 64).
-        #[arg(long, default_value_t = 6)]
-        states: usize,
-        /// Stop taking new samples after this many seconds.
-        #[arg(long, default_value_t = 900.0)]
-        max_seconds: f64,
+        #[command(flatten)]
+        options: super::bench_http::HttpBenchOptions,
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,

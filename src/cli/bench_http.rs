@@ -20,15 +20,34 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 /// What to measure.
+#[derive(clap::Args)]
 pub struct HttpBenchOptions {
+    /// Measured requests per latency case (medians are reported; the package's protocol: 20).
+    #[arg(long, default_value_t = 6)]
     pub samples: usize,
+    /// Unmeasured requests before each latency case (the package's: 2).
+    #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// State tokens of the long-state case.
+    #[arg(long, default_value_t = 2200)]
     pub long_tokens: usize,
+    /// Samples of the case at the server's state limit (0 skips it; the package's protocol is
+    /// 3 after 1 warm-up).
+    #[arg(long, default_value_t = 0)]
     pub limit_samples: usize,
+    #[arg(long, default_value_t = 1)]
     pub limit_warmup: usize,
+    /// Concurrent clients of the throughput runs (empty skips them).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub clients: Vec<usize>,
+    /// Requests per throughput pass (the package's protocol: 256).
+    #[arg(long, default_value_t = 12)]
     pub requests: usize,
+    /// Distinct states the throughput requests cycle through (the package's: 64).
+    #[arg(long, default_value_t = 6)]
     pub states: usize,
+    /// Stop taking new samples after this many seconds.
+    #[arg(long, default_value_t = 900.0)]
     pub max_seconds: f64,
 }
 

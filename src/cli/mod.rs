@@ -94,6 +94,22 @@ fn tune_allocator() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn tune_allocator() {}
 
+impl args::ProfileArgs {
+    /// The checkpoint, the device, the profile (the device's default when none is asked)
+    /// and the one mesh.
+    fn resolve(&self) -> anyhow::Result<(Checkpoint, device::Device, Precision, MeshLayout)> {
+        let ckpt = open(self.model.clone(), None)?;
+        let device = self.device.resolve()?;
+        let precision = device.precision(self.profile.as_deref())?;
+        Ok((
+            ckpt,
+            device,
+            precision,
+            MeshLayout::single(self.mesh.parse()?),
+        ))
+    }
+}
+
 /// The binary's entry point.
 pub fn main() -> anyhow::Result<()> {
     tune_allocator();
@@ -154,17 +170,8 @@ pub fn main() -> anyhow::Result<()> {
             eprintln!("answered {n} requests");
             Ok(())
         }
-        Command::Eval {
-            model,
-            goldens,
-            profile,
-            mesh,
-            device,
-        } => {
-            let ckpt = open(model, None)?;
-            let device = device.resolve()?;
-            let precision = device.precision(profile.as_deref())?;
-            let layout = MeshLayout::single(mesh.parse()?);
+        Command::Eval { placed, goldens } => {
+            let (ckpt, device, precision, layout) = placed.resolve()?;
             let report = on_device!(&device, layout, precision.numerics(), |open| {
                 eval::run(&pipeline(&ckpt, open(0)?, &precision)?, &goldens)?
             });
@@ -175,17 +182,8 @@ pub fn main() -> anyhow::Result<()> {
             println!("{}", eval::summary(&precision.name, &report));
             Ok(())
         }
-        Command::Convert {
-            model,
-            profile,
-            mesh,
-            device,
-            out,
-        } => {
-            let ckpt = open(model, None)?;
-            let device = device.resolve()?;
-            let precision = device.precision(profile.as_deref())?;
-            let layout = MeshLayout::single(mesh.parse()?);
+        Command::Convert { placed, out } => {
+            let (ckpt, device, precision, layout) = placed.resolve()?;
             on_device!(&device, layout, Numerics::default(), |open| {
                 convert::run(&ckpt, &open(0)?, &precision, &out)?
             });
@@ -255,31 +253,8 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("peak resident memory of the run: {mib:.0} MiB");
             }
         }
-        BenchCommand::Http {
-            url,
-            samples,
-            warmup,
-            long_tokens,
-            limit_samples,
-            limit_warmup,
-            clients,
-            requests,
-            states,
-            max_seconds,
-            json,
-        } => {
+        BenchCommand::Http { url, options, json } => {
             let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
-            let options = bench_http::HttpBenchOptions {
-                samples,
-                warmup,
-                long_tokens,
-                limit_samples,
-                limit_warmup,
-                clients,
-                requests,
-                states,
-                max_seconds,
-            };
             let report = bench_http::run(&client, &url, &options)?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)?)

@@ -79,3 +79,17 @@ pub fn post_json(agent: &ureq::Agent, base: &str, body: &[u8]) -> (u16, String) 
         .unwrap();
     (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
 }
+
+/// Runs `clef-tt` with `args` (and `env`), which must fail without a panic; its stderr.
+pub fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = clef_tt();
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "clef-tt {args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
