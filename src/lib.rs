@@ -6,7 +6,8 @@
 //! mesh, following a tensor-parallel plan) and the `head` (the joint schema head and answer
 //! shaping). `checkpoint` reads a Hugging Face snapshot; `precision` resolves the weight formats
 //! and device numerics of a profile; `tensor_cache` stores weights already packed for a mesh;
-//! `random` writes benchmark checkpoints.
+//! `random` writes benchmark checkpoints; `perf_model` predicts a mesh's memory and chunk time
+//! from the plans.
 
 pub mod api;
 pub mod backbone;
@@ -15,6 +16,7 @@ pub mod encode;
 pub mod engine;
 pub mod head;
 pub mod media;
+pub mod perf_model;
 pub mod precision;
 pub mod random;
 pub mod tensor_cache;

@@ -21,6 +21,10 @@ pub enum Shape {
     Qwen08b,
     /// The tiny-clef fixture's shape (hidden 64, 8 layers), for quick checks.
     Tiny,
+    /// Clef 27B's trunk (Qwen3.5-27B class: hidden 5120, 64 layers, every 4th full attention,
+    /// 24/4 heads of 256, DeltaNet 16/48 heads of 128, MLP 17408; spec/tenstorrent.md §4).
+    #[value(name = "clef-27b")]
+    Clef27b,
 }
 
 /// The text config and head config of a shape.
@@ -59,6 +63,29 @@ pub fn shape_configs(shape: Shape) -> (TextConfig, JointHeadConfig) {
                 max_position_embeddings: 262_144,
             },
             JointHeadConfig::release(1024),
+        ),
+        Shape::Clef27b => (
+            TextConfig {
+                vocab_size: 248_320,
+                hidden_size: 5120,
+                intermediate_size: 17_408,
+                layers: layers(64),
+                num_attention_heads: 24,
+                num_key_value_heads: 4,
+                head_dim: 256,
+                rope_theta: 1e7,
+                partial_rotary_factor: 0.25,
+                mrope_section: [11, 11, 10],
+                rms_norm_eps: 1e-6,
+                linear_conv_kernel_dim: 4,
+                linear_num_key_heads: 16,
+                linear_num_value_heads: 48,
+                linear_key_head_dim: 128,
+                linear_value_head_dim: 128,
+                tie_word_embeddings: false,
+                max_position_embeddings: 262_144,
+            },
+            JointHeadConfig::release(5120),
         ),
         Shape::Tiny => (
             TextConfig {

@@ -158,9 +158,14 @@ pub trait MeshOps: Sync {
         spec: &RopeSpec,
         positions: &[[u32; 3]],
     ) -> Result<Self::Tensor>;
-    /// Append rows to a per-device cache (KV pages); `None` starts an empty cache.
-    fn append_rows(&self, cache: Option<&Self::Tensor>, new: &Self::Tensor)
-        -> Result<Self::Tensor>;
+    /// Append rows to a per-device cache of `heads` heads (KV pages, which a backend may hold
+    /// paged per head); `None` starts a cache from `new`.
+    fn append_rows(
+        &self,
+        cache: Option<&Self::Tensor>,
+        new: &Self::Tensor,
+        heads: usize,
+    ) -> Result<Self::Tensor>;
     /// Causal softmax attention of the queries (absolute positions `start..start+T`) over the
     /// cached keys and values (positions `0..start+T`), GQA, scale `head_dim^-0.5`, fp32.
     fn causal_attention(

@@ -127,6 +127,9 @@ typedef struct clef_tt_mesh_config {
   uint32_t num_command_queues;
   uint64_t l1_small_size;
   uint64_t trace_region_size;
+  /* How the device holds activations between ops: CLEF_TT_BF16 (the port) or CLEF_TT_F32.
+   * The host backend always holds f32 (a bf16 profile imitates the rounding in its matmuls). */
+  clef_tt_dtype activation_dtype;
 } clef_tt_mesh_config;
 
 int clef_tt_mesh_open(const clef_tt_mesh_config *config, clef_tt_mesh **out);
@@ -237,9 +240,10 @@ typedef struct clef_tt_rope_spec {
  * the cos/sin tables of these positions on the host). */
 int clef_tt_rope(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_rope_spec *spec,
                  const uint32_t *positions, uint32_t rows, clef_tt_tensor **out);
-/* `cache` rows followed by `rows` rows (a KV cache); a null cache gives a copy of `rows`. */
+/* `cache` rows followed by `rows` rows (a KV cache of `heads` heads of cols/heads channels,
+ * which a backend may hold paged per head); a null cache starts one from `rows`. */
 int clef_tt_append_rows(clef_tt_mesh *mesh, const clef_tt_tensor *cache,
-                        const clef_tt_tensor *rows, clef_tt_tensor **out);
+                        const clef_tt_tensor *rows, uint32_t heads, clef_tt_tensor **out);
 /* Causal GQA softmax attention, fp32, scale head_dim^-0.5: the q rows are the last positions of
  * keys/values. */
 int clef_tt_causal_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q,

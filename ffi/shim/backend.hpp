@@ -93,8 +93,9 @@ class DeviceMesh {
                                        uint32_t head_dim) = 0;
   virtual StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
                           uint32_t head_dim) = 0;
-  // `cache` may be null.
-  virtual StoragePtr append_rows(const TensorView* cache, const TensorView& rows) = 0;
+  // `cache` may be null; the rows hold `heads` heads (a KV cache).
+  virtual StoragePtr append_rows(const TensorView* cache, const TensorView& rows,
+                                 uint32_t heads) = 0;
   virtual StoragePtr causal_attention(const TensorView& q, const TensorView& keys,
                                       const TensorView& values, uint32_t heads, uint32_t kv_heads,
                                       uint32_t head_dim) = 0;

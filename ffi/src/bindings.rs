@@ -52,10 +52,11 @@ pub struct clef_tt_mesh_config {
     pub num_command_queues: u32,
     pub l1_small_size: u64,
     pub trace_region_size: u64,
+    pub activation_dtype: clef_tt_dtype,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of clef_tt_mesh_config"][::std::mem::size_of::<clef_tt_mesh_config>() - 32usize];
+    ["Size of clef_tt_mesh_config"][::std::mem::size_of::<clef_tt_mesh_config>() - 40usize];
     ["Alignment of clef_tt_mesh_config"][::std::mem::align_of::<clef_tt_mesh_config>() - 8usize];
     ["Offset of field: clef_tt_mesh_config::cols"]
         [::std::mem::offset_of!(clef_tt_mesh_config, cols) - 0usize];
@@ -69,6 +70,8 @@ const _: () = {
         [::std::mem::offset_of!(clef_tt_mesh_config, l1_small_size) - 16usize];
     ["Offset of field: clef_tt_mesh_config::trace_region_size"]
         [::std::mem::offset_of!(clef_tt_mesh_config, trace_region_size) - 24usize];
+    ["Offset of field: clef_tt_mesh_config::activation_dtype"]
+        [::std::mem::offset_of!(clef_tt_mesh_config, activation_dtype) - 32usize];
 };
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -328,6 +331,7 @@ pub struct ClefTtLibrary {
         mesh: *mut clef_tt_mesh,
         cache: *const clef_tt_tensor,
         rows: *const clef_tt_tensor,
+        heads: u32,
         out: *mut *mut clef_tt_tensor,
     ) -> ::std::os::raw::c_int,
     pub clef_tt_causal_attention: unsafe extern "C" fn(
@@ -725,9 +729,10 @@ impl ClefTtLibrary {
         mesh: *mut clef_tt_mesh,
         cache: *const clef_tt_tensor,
         rows: *const clef_tt_tensor,
+        heads: u32,
         out: *mut *mut clef_tt_tensor,
     ) -> ::std::os::raw::c_int {
-        (self.clef_tt_append_rows)(mesh, cache, rows, out)
+        (self.clef_tt_append_rows)(mesh, cache, rows, heads, out)
     }
     pub unsafe fn clef_tt_causal_attention(
         &self,

@@ -429,8 +429,8 @@ impl<B: MeshOps> Backbone<B> {
         };
         let q = m.rope(&q, &rope(spec.heads), positions)?;
         let k = m.rope(&k, &rope(spec.kv_heads), positions)?;
-        let keys = m.append_rows(cache.map(|c| c.0), &k)?;
-        let values = m.append_rows(cache.map(|c| c.1), v)?;
+        let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
+        let values = m.append_rows(cache.map(|c| c.1), v, spec.kv_heads)?;
         let attn = m.causal_attention(&q, &keys, &values, &spec)?;
         let gated = m.mul_sigmoid(&attn, &gate)?;
         trace(format!("{p}.o_proj.in0"), &|| {

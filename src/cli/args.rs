@@ -72,6 +72,27 @@ pub enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
+    /// The device performance model: weights per device, and FLOPs, DRAM and link bytes and a
+    /// predicted time of every op of one prefill chunk (and of the vision tower) at the p150's
+    /// ceilings, computed from the TP plans.
+    Plan {
+        #[arg(long, value_enum, default_value = "clef-27b")]
+        shape: Shape,
+        #[arg(long, default_value = "1x2")]
+        mesh: String,
+        /// Precision profile (its weight formats and fidelity).
+        #[arg(long, default_value = "selected")]
+        profile: String,
+        /// Tokens of the modelled chunk (the port caps chunks at 1,024).
+        #[arg(long, default_value_t = 1024)]
+        tokens: usize,
+        /// Position the chunk starts at (its queries see the keys before it).
+        #[arg(long, default_value_t = 0)]
+        start: usize,
+        /// Patches of the modelled image (Clef-27B's tower).
+        #[arg(long, default_value_t = 1024)]
+        patches: usize,
+    },
     /// Write a complete random-weight checkpoint for benchmarks.
     MakeRandom {
         #[arg(long, value_enum, default_value = "0.8b")]

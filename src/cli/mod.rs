@@ -199,6 +199,37 @@ pub fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Plan {
+            shape,
+            mesh,
+            profile,
+            tokens,
+            start,
+            patches,
+        } => {
+            let (text, _) = clef_tt::random::shape_configs(shape);
+            let vision = matches!(shape, clef_tt::random::Shape::Clef27b)
+                .then_some(clef_tt::random::CLEF_27B_VISION);
+            let shape_name = clap::ValueEnum::to_possible_value(&shape)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default();
+            let devices = mesh.parse::<MeshShape>()?.devices();
+            let precision = Precision::from_env(&profile)?;
+            print!(
+                "{}",
+                clef_tt::perf_model::report::render(&clef_tt::perf_model::report::PlanQuestion {
+                    name: &shape_name,
+                    text: &text,
+                    vision,
+                    devices,
+                    precision: &precision,
+                    tokens,
+                    start,
+                    patches,
+                })?
+            );
+            Ok(())
+        }
         Command::Devices { device } => {
             print!("{}", device::report(&device)?);
             Ok(())

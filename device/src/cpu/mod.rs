@@ -598,7 +598,12 @@ impl MeshOps for CpuMesh {
         })
     }
 
-    fn append_rows(&self, cache: Option<&CpuTensor>, new: &CpuTensor) -> Result<CpuTensor> {
+    fn append_rows(
+        &self,
+        cache: Option<&CpuTensor>,
+        new: &CpuTensor,
+        _heads: usize,
+    ) -> Result<CpuTensor> {
         let _t = self.timer("append_rows");
         let Some(cache) = cache else {
             return Ok(new.clone());

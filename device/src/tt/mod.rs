@@ -102,6 +102,11 @@ impl TtMesh {
             num_command_queues: COMMAND_QUEUES,
             l1_small_size: L1_SMALL_SIZE,
             trace_region_size: 0,
+            activation_dtype: if numerics.bf16_activations {
+                sys::CLEF_TT_BF16
+            } else {
+                sys::CLEF_TT_F32
+            },
         };
         let mut raw = null_mut();
         // SAFETY: `config` and `raw` outlive the call.

@@ -219,11 +219,17 @@ impl MeshOps for TtMesh {
         })
     }
 
-    fn append_rows(&self, cache: Option<&TtTensor>, new: &TtTensor) -> Result<TtTensor> {
+    fn append_rows(
+        &self,
+        cache: Option<&TtTensor>,
+        new: &TtTensor,
+        heads: usize,
+    ) -> Result<TtTensor> {
+        let heads = dim("append_rows", "heads", heads)?;
         self.call1(|out| unsafe {
             self.shim()
                 .lib
-                .clef_tt_append_rows(self.raw(), optional(cache), new.raw(), out)
+                .clef_tt_append_rows(self.raw(), optional(cache), new.raw(), heads, out)
         })
     }
 

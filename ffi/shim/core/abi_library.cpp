@@ -22,6 +22,10 @@ namespace {
 
 void check_mesh_config(const clef_tt_mesh_config& c, uint32_t visible) {
   auto text = [](uint32_t n) { return "1x" + std::to_string(n); };
+  if (c.activation_dtype != CLEF_TT_F32 && c.activation_dtype != CLEF_TT_BF16) {
+    invalid(std::string("activations are held in f32 or bf16, not ") +
+            dtype_name(c.activation_dtype));
+  }
   if (c.cols == 0 || c.cols > CLEF_TT_MAX_DEVICES) {
     invalid("cols " + std::to_string(c.cols) + ": a mesh has 1 to " +
             std::to_string(CLEF_TT_MAX_DEVICES) + " devices");

@@ -188,7 +188,7 @@ int clef_tt_rope(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_rope
 }
 
 int clef_tt_append_rows(clef_tt_mesh* mesh, const clef_tt_tensor* cache,
-                        const clef_tt_tensor* rows, clef_tt_tensor** out) {
+                        const clef_tt_tensor* rows, uint32_t heads, clef_tt_tensor** out) {
   return guarded("append_rows", [&] {
     Call call(mesh, "append_rows");
     call.output(out, "out");
@@ -198,12 +198,15 @@ int clef_tt_append_rows(clef_tt_mesh* mesh, const clef_tt_tensor* cache,
       call.refuse(std::to_string(tc->meta.cols) + " vs " + std::to_string(tr.meta.cols) +
                   " columns");
     }
+    if (heads == 0 || tr.meta.cols % heads != 0) {
+      call.refuse(std::to_string(tr.meta.cols) + " columns in " + std::to_string(heads) + " heads");
+    }
     uint32_t total = tr.meta.rows + (tc == nullptr ? 0 : tc->meta.rows);
     clef_tt_placement p =
         tc == nullptr ? tr.meta.placement : Call::elementwise({tc, &tr});
     TensorView cache_view = tc == nullptr ? view(tr) : view(*tc);
     call.result(call.activation_meta(total, tr.meta.cols, p),
-                call.device().append_rows(tc == nullptr ? nullptr : &cache_view, view(tr)));
+                call.device().append_rows(tc == nullptr ? nullptr : &cache_view, view(tr), heads));
     call.publish({out});
   });
 }

@@ -217,7 +217,7 @@ class HostMesh : public DeviceMesh {
     return each([&](uint32_t d) { return math::rope(rows(x, d), tables, head_dim); });
   }
 
-  StoragePtr append_rows(const TensorView* cache, const TensorView& new_rows) override {
+  StoragePtr append_rows(const TensorView* cache, const TensorView& new_rows, uint32_t) override {
     faults_.count("append_rows");
     return each([&](uint32_t d) {
       Rows tail = rows(new_rows, d);
