@@ -249,6 +249,7 @@ fn devices_reports_the_shim_and_which_meshes_open() {
         "devices visible: 4",
         "1x1 mesh: opens (devices [0])",
         "1x2 mesh: opens (devices [0, 1])",
+        "1x2 submesh of a 1x4 parent: opens (devices [0, 1])",
     ] {
         assert!(text.contains(want), "{want}: {text}");
     }

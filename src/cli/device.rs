@@ -83,6 +83,7 @@ impl MeshLayout {
 
     /// Worker `i`'s mesh: direct for one worker without a parent; otherwise the submesh at
     /// `first_offset + i * cols` of the parent (by default as wide as all workers together).
+    /// [`open_tt`] also takes a parent when the shim sees more chips than one mesh needs.
     pub fn placement(&self, worker: usize) -> MeshPlacement {
         let parent = self.parent.map(|p| p.cols).or_else(|| {
             (self.workers > 1 || self.first_offset > 0)
@@ -106,7 +107,18 @@ pub fn open_tt(
     worker: usize,
     numerics: Numerics,
 ) -> anyhow::Result<TtMesh> {
-    let placement = layout.placement(worker);
+    let mut placement = layout.placement(worker);
+    // The port's rule: a direct 1xN open only when exactly N chips are visible; with more, a
+    // parent over the visible chips (a multiple of N, at most 1x4 on a line) and the submesh
+    // at the configured offset ("path A"; a direct 1x2 open timed out on a 4-chip box).
+    if placement.parent_cols.is_none() {
+        let visible = shim.visible_devices()? as usize;
+        let cols = layout.shape.cols;
+        let parent = (visible.min(4) / cols) * cols;
+        if parent > cols {
+            placement.parent_cols = Some(parent);
+        }
+    }
     TtMesh::open(shim, placement, numerics).with_context(|| {
         format!(
             "opening the {} mesh of worker {worker} through {}",
@@ -168,6 +180,25 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
             let visible = shim.visible_devices()?;
             out.push_str(&format!("devices visible: {visible}\n"));
             let mut failed = Vec::new();
+            if visible >= 4 {
+                let sub = MeshPlacement {
+                    shape: MeshShape::PAIR,
+                    parent_cols: Some(4),
+                    submesh_offset: 0,
+                };
+                match TtMesh::open(shim, sub, Numerics::default()).and_then(|m| m.status()) {
+                    Ok(s) => out.push_str(&format!(
+                        "1x2 submesh of a 1x4 parent: opens (devices {:?})\n",
+                        s.device_ids
+                    )),
+                    Err(e) => {
+                        out.push_str(&format!(
+                            "1x2 submesh of a 1x4 parent: does not open: {e}\n"
+                        ));
+                        failed.push("1x4-parent".to_string());
+                    }
+                }
+            }
             for shape in [MeshShape::ONE, MeshShape::PAIR] {
                 match TtMesh::open(shim, MeshPlacement::direct(shape), Numerics::default())
                     .and_then(|m| m.status())
