@@ -13,6 +13,8 @@ pub struct PrefillRow {
     pub mesh: MeshShape,
     pub tokens: usize,
     pub seconds: f64,
+    /// 2 × non-embedding matrix parameters × tokens / seconds.
+    pub gflops: f64,
 }
 
 /// The median of measurements (the mean of the middle two of an even count; NaN for none).
@@ -50,6 +52,22 @@ pub struct PrefillRun<'a> {
 pub type OpReport<B> = dyn Fn(&B) -> Vec<(&'static str, f64, u64)>;
 
 impl PrefillRun<'_> {
+    /// Matrix parameters of the backbone (embeddings and LM head excluded), from its plan.
+    fn params(&self) -> usize {
+        let cfg = &self.ckpt.config.text;
+        match clef_tt::backbone::TpPlan::new(cfg, 1) {
+            Ok(plan) => clef_tt::perf_model::text_matrices(
+                cfg,
+                &plan,
+                &clef_tt::backbone::WeightFormats::uniform(WeightFormat::F32),
+            )
+            .iter()
+            .map(|m| m.params())
+            .sum(),
+            Err(_) => 0,
+        }
+    }
+
     /// Measures every format and length on a fresh `open()` mesh of `shape` each; `report`
     /// gives the per-op times of a profiling mesh (empty otherwise).
     pub fn on<B: MeshOps>(
@@ -87,6 +105,7 @@ impl PrefillRun<'_> {
                     mesh: shape,
                     tokens: n,
                     seconds,
+                    gflops: 2.0 * self.params() as f64 * n as f64 / seconds / 1e9,
                 });
                 let runs = (self.repeats.max(1) + 1) as f64;
                 for (op, secs, calls) in report(bb.mesh()) {
@@ -118,18 +137,21 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// The rows as a markdown table.
-pub fn table(rows: &[PrefillRow]) -> String {
-    let mut s =
-        String::from("| weights | mesh | tokens | seconds | tokens/s |\n|---|---|---|---|---|\n");
+/// The rows as a markdown table; `peak` is the machine's measured FMA peak (GFLOP/s).
+pub fn table(rows: &[PrefillRow], peak: Option<f64>) -> String {
+    let mut s = String::from(
+        "| weights | mesh | tokens | seconds | tokens/s | GFLOP/s | of FMA peak |\n|---|---|---|---|---|---|---|\n",
+    );
     for r in rows {
+        let share = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * r.gflops / p));
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {:.1} |\n",
+            "| {} | {} | {} | {:.3} | {:.1} | {:.0} | {share} |\n",
             r.format.name(),
             r.mesh,
             r.tokens,
             r.seconds,
-            r.tokens as f64 / r.seconds
+            r.tokens as f64 / r.seconds,
+            r.gflops,
         ));
     }
     s

@@ -161,8 +161,9 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
         Device::Cpu => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             out.push_str(&format!(
-                "device: cpu (the clef-device CPU mesh: 1x1, or 1x2 simulated devices)\ncores: {cores}\nvector units: {}\n",
-                cpu_features()
+                "device: cpu (the clef-device CPU mesh: 1x1, or 1x2 simulated devices)\ncores: {cores}\nvector units: {}\nkernels: {}\n",
+                cpu_features(),
+                clef_device::cpu::isa::isa().name()
             ));
         }
         Device::Tt(shim) => {

@@ -239,6 +239,11 @@ pub fn main() -> anyhow::Result<()> {
 }
 
 fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
+    println!(
+        "CPU kernels: {} ({} threads)\n",
+        clef_device::cpu::isa::isa().name(),
+        rayon::current_num_threads()
+    );
     match what {
         BenchCommand::Prefill {
             model,
@@ -255,6 +260,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 .iter()
                 .map(|w| weight_format(w))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            let peak_before = clef_device::cpu::fma_peak_gflops();
             let mut rows = Vec::new();
             for shape in &mesh {
                 let shape: MeshShape = shape.parse()?;
@@ -279,7 +285,15 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                     });
                 }
             }
-            print!("{}", bench::table(&rows));
+            let peak_after = clef_device::cpu::fma_peak_gflops();
+            let peak = match (peak_before, peak_after) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if let (Some(a), Some(b)) = (peak_before, peak_after) {
+                println!("FMA peak, all threads: {a:.0} GFLOP/s before, {b:.0} after (the higher is used)\n");
+            }
+            print!("{}", bench::table(&rows, peak));
             if let Some(mib) = bench::peak_rss_mib() {
                 println!("peak resident memory of the run: {mib:.0} MiB");
             }

@@ -208,6 +208,7 @@ fn card(
         "demo": o.is_default_model,
         "weights": {"path": o.model_dir.display().to_string(), "revision": o.revision},
         "device": o.device.name(),
+        "cpu_kernels": clef_device::cpu::isa::isa().name(),
         "device_backend": o.device.describe(),
         "mesh": o.layout.shape.to_string(),
         "plan": format!("tensor parallel over the {} mesh of each worker", o.layout.shape),

@@ -9,10 +9,10 @@ use crate::AttentionSpec;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Query rows handled at once.
-const QUERY_BLOCK: usize = 256;
-/// Query rows of a vision block: its score rows (a whole image wide) then stay in L2.
-const SEGMENT_QUERY_BLOCK: usize = 64;
+/// Query rows handled at once: the block's score rows (a whole context or image wide) then
+/// stay in L2 while the values multiply them (256 rows at 2,048 tokens were 2 MiB of scores,
+/// re-read from L3 for every 16 output channels).
+const QUERY_BLOCK: usize = 64;
 
 /// Where one block of queries of one head reads.
 struct Block<'a> {
@@ -79,6 +79,24 @@ fn attend(b: &Block, limit: impl Fn(usize) -> usize, scratch: &mut Vec<f32>) -> 
     o
 }
 
+/// Each head's keys of `k` `[rows, heads*d]` transposed once, `[d, rows]`, so every query
+/// block reads them with unit stride (the matmul would otherwise transpose them per block).
+fn transpose_heads(k: &[f32], rows: usize, heads: usize, d: usize) -> Vec<Vec<f32>> {
+    let width = heads * d;
+    (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let mut kt = vec![0.0f32; d * rows];
+            for (j, row) in k.chunks_exact(width).take(rows).enumerate() {
+                for (c, &x) in row[h * d..(h + 1) * d].iter().enumerate() {
+                    kt[c * rows + j] = x;
+                }
+            }
+            kt
+        })
+        .collect()
+}
+
 /// Write per-(head, first row) outputs `[rows, d]` into `[T, heads*d]`.
 fn scatter(results: Vec<(usize, usize, Vec<f32>)>, t: usize, heads: usize, d: usize) -> Vec<f32> {
     let width = heads * d;
@@ -108,6 +126,7 @@ pub fn causal(
     let t = q.len().checked_div(width).unwrap_or(0);
     let start = seq - t;
     let group = nh / nkv.max(1);
+    let transposed = transpose_heads(keys, seq, nkv, d);
     let tasks: Vec<(usize, usize)> = (0..nh)
         .flat_map(|h| (0..t).step_by(QUERY_BLOCK).map(move |r| (h, r)))
         .collect();
@@ -119,9 +138,9 @@ pub fn causal(
             let block = Block {
                 q: &q[r0 * width + h * d..],
                 q_width: width,
-                keys: &keys[kvh * d..],
-                key_channel_stride: 1,
-                key_stride: kv_width,
+                keys: &transposed[kvh],
+                key_channel_stride: seq,
+                key_stride: 1,
                 values: &values[kvh * d..],
                 kv_width,
                 rows: r1 - r0,
@@ -147,33 +166,18 @@ pub fn segments(
 ) -> Vec<f32> {
     let width = heads * d;
     let t = q.len().checked_div(width).unwrap_or(0);
-    // Each head's keys transposed once, `[d, T]`, so every query block reads them with unit
-    // stride (a block would otherwise transpose its segment's keys again).
-    let transposed: Vec<Vec<f32>> = (0..heads)
-        .into_par_iter()
-        .map(|h| {
-            let mut kt = vec![0.0f32; d * t];
-            for (j, row) in k.chunks_exact(width).enumerate() {
-                for (c, &x) in row[h * d..(h + 1) * d].iter().enumerate() {
-                    kt[c * t + j] = x;
-                }
-            }
-            kt
-        })
-        .collect();
+    let transposed = transpose_heads(k, t, heads, d);
     let tasks: Vec<(usize, usize, &Range<usize>)> = (0..heads)
         .flat_map(|h| {
-            segments.iter().flat_map(move |s| {
-                s.clone()
-                    .step_by(SEGMENT_QUERY_BLOCK)
-                    .map(move |r| (h, r, s))
-            })
+            segments
+                .iter()
+                .flat_map(move |s| s.clone().step_by(QUERY_BLOCK).map(move |r| (h, r, s)))
         })
         .collect();
     let results = tasks
         .par_iter()
         .map_init(Vec::new, |scratch, &(h, r0, seg)| {
-            let r1 = (r0 + SEGMENT_QUERY_BLOCK).min(seg.end);
+            let r1 = (r0 + QUERY_BLOCK).min(seg.end);
             let block = Block {
                 q: &q[r0 * width + h * d..],
                 q_width: width,

@@ -5,6 +5,7 @@
 //! the log-decay `g` `[T]` and `beta` `[T]`; the state `S` is `[dk, dv]`, fp32.
 
 use super::denormals::FlushDenormals;
+use super::exp::exp_in_place;
 use super::matmul::small_matmul;
 
 /// Chunk length of the chunked form (as in Hugging Face's `torch_chunk_gated_delta_rule`).
@@ -79,6 +80,15 @@ pub fn chunked(h: &HeadInputs, state: &mut [f32], out: &mut [f32]) {
     }
 }
 
+/// `out[j] = e^{Γ_i − Γ_j}` for `j < len`, with the vectorised `exp`.
+fn decay_row(gamma: &[f32], i: usize, len: usize, out: &mut [f32]) {
+    let out = &mut out[..len];
+    out.iter_mut()
+        .zip(gamma)
+        .for_each(|(o, g)| *o = gamma[i] - g);
+    exp_in_place(out);
+}
+
 /// Scratch buffers reused across the chunks of one head.
 struct Workspace {
     dk: usize,
@@ -129,20 +139,23 @@ impl Workspace {
         small_matmul(n, n, dk, &mut self.kk, false, k, dk, 1, k, 1, dk);
         // Strictly lower A_ij = -β_i (k_i·k_j) e^{Γ_i-Γ_j}; forward substitution gives
         // T = (I + A')^{-1} row by row, as the reference computes it.
+        // Row i is T_i = A_i + Σ_{m<i} A_im T_m over columns j < m: as axpys over ascending m,
+        // which adds each column's terms in the order of the scalar recurrence (same bits).
         let t = &mut self.tmat[..n * n];
         t.fill(0.0);
         for i in 0..n {
-            for j in 0..i {
-                t[i * n + j] = -beta[i] * self.kk[i * n + j] * (gamma[i] - gamma[j]).exp();
+            let (done, rest) = t.split_at_mut(i * n);
+            let row = &mut rest[..n];
+            decay_row(gamma, i, i, row);
+            for (j, x) in row[..i].iter_mut().enumerate() {
+                *x *= -beta[i] * self.kk[i * n + j];
             }
-            for j in 0..i {
-                let mut sum = t[i * n + j];
-                for m in j + 1..i {
-                    sum += t[i * n + m] * t[m * n + j];
-                }
-                t[i * n + j] = sum;
+            for m in 1..i {
+                let a = row[m];
+                let tm = &done[m * n..m * n + m];
+                row[..m].iter_mut().zip(tm).for_each(|(x, t)| *x += a * t);
             }
-            t[i * n + i] = 1.0;
+            row[i] = 1.0;
         }
         // U = T (β ⊙ V), Wk = T (β ⊙ K ⊙ e^{Γ}).
         for i in 0..n {
@@ -182,15 +195,12 @@ impl Workspace {
         }
         small_matmul(n, dv, dk, out, false, &self.qdecay, dk, 1, state, dv, 1);
         small_matmul(n, n, dk, &mut self.kk, false, q, dk, 1, k, 1, dk);
+        let mut decay = [0.0f32; CHUNK];
         for i in 0..n {
-            for j in 0..n {
-                let x = &mut self.kk[i * n + j];
-                *x = if j <= i {
-                    *x * (gamma[i] - gamma[j]).exp()
-                } else {
-                    0.0
-                };
-            }
+            decay_row(gamma, i, i + 1, &mut decay);
+            let row = &mut self.kk[i * n..(i + 1) * n];
+            row.iter_mut().zip(&decay).for_each(|(x, d)| *x *= d);
+            row[i + 1..].fill(0.0);
         }
         small_matmul(n, dv, n, out, true, &self.kk, n, 1, &self.u, dv, 1);
         // S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ v_new.

@@ -3,8 +3,10 @@
 //! Weights are packed once, at upload, into panels of [`PANEL`] output channels laid out
 //! `[in, PANEL]` (the `[K, N]` orientation the Tenstorrent port packs too), kept in their own
 //! format: a bf16 weight is never widened in memory, each panel row is widened in registers.
-//! On CPUs with AVX-512 a register-blocked kernel (12 tokens x 32 outputs, 24 accumulators)
-//! runs over blocks of [`KC`] input channels; elsewhere `gemm` multiplies panel by panel.
+//! Register-blocked kernels run over blocks of [`KC`] input channels, one per ISA
+//! ([`super::isa`], chosen once): `avx512` (12 tokens x 32 outputs, 24 zmm accumulators) and
+//! `avx2` (6 tokens x 16 outputs, 12 ymm accumulators; AVX2 + FMA); without either, `gemm`
+//! multiplies panel by panel (portable).
 //! Work is split over rayon tasks by groups of panels, so both cores share every projection.
 
 use crate::formats::{self, BlockFormat, TileFormat};
@@ -297,6 +299,17 @@ pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
 
 /// [`linear`] with the device's numerics imitated as `numerics` says.
 pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics) -> Vec<f32> {
+    linear_on(panel_kernel(), x, rows, w, numerics)
+}
+
+/// [`linear_with`] on `kernel` (`None`: the portable path).
+fn linear_on(
+    kernel: Option<PanelKernel>,
+    x: &[f32],
+    rows: usize,
+    w: &PackedWeight,
+    numerics: &Numerics,
+) -> Vec<f32> {
     let mut y = vec![0.0f32; rows * w.n];
     if rows == 0 || w.n == 0 {
         return y;
@@ -325,8 +338,7 @@ pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics
         round_accumulators: numerics.bf16_accumulation,
     };
     let out = SendPtr(y.as_mut_ptr());
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if let Some(kernel) = kernel {
         // x is laid out in token blocks of MR rows, interleaved [block][k][MR], so a tile's
         // broadcasts walk one contiguous stream.
         let k = w.k;
@@ -339,10 +351,10 @@ pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics
                 let r1 = (r0 + MC).min(rows);
                 let local = pack_token_blocks(&x[r0 * k..r1 * k], r1 - r0, k);
                 // SAFETY: each task writes only rows [r0, r1) of `y` (the pointer is moved to
-                // row r0); shapes checked by the caller.
+                // row r0); shapes checked by the caller; the kernel's ISA was detected.
                 unsafe {
                     let y = out.ptr().add(r0 * w.n);
-                    avx512::panels(&local, 0..r1 - r0, w, 0..w.panels(), y, engine)
+                    kernel(&local, 0..r1 - r0, w, 0..w.panels(), y, engine)
                 };
             });
         } else {
@@ -350,8 +362,9 @@ pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics
             let groups: Vec<usize> = (0..w.panels()).step_by(PANELS_PER_TASK).collect();
             groups.par_iter().for_each(|&first| {
                 let last = (first + PANELS_PER_TASK).min(w.panels());
-                // SAFETY: each task writes only the columns of its own panels.
-                unsafe { avx512::panels(&packed_x, 0..rows, w, first..last, out.ptr(), engine) };
+                // SAFETY: each task writes only the columns of its own panels; the kernel's
+                // ISA was detected.
+                unsafe { kernel(&packed_x, 0..rows, w, first..last, out.ptr(), engine) };
             });
         }
         return y;
@@ -364,6 +377,27 @@ pub fn linear_with(x: &[f32], rows: usize, w: &PackedWeight, numerics: &Numerics
         unsafe { portable_panels(x, rows, w, first, last, out.ptr(), engine) };
     });
     y
+}
+
+/// A register-tiled kernel over packed token blocks and panels.
+type PanelKernel = unsafe fn(
+    &[f32],
+    std::ops::Range<usize>,
+    &PackedWeight,
+    std::ops::Range<usize>,
+    *mut f32,
+    Engine,
+);
+
+/// The kernel of the process's ISA ([`super::isa`]), or `None` for the portable `gemm` path.
+fn panel_kernel() -> Option<PanelKernel> {
+    match super::isa::isa() {
+        #[cfg(target_arch = "x86_64")]
+        super::isa::Isa::Avx512 | super::isa::Isa::Avx512Bf16 => Some(avx512::panels),
+        #[cfg(target_arch = "x86_64")]
+        super::isa::Isa::Avx2Fma => Some(avx2::panels),
+        _ => None,
+    }
 }
 
 /// The per-product part of [`Numerics`] the kernels apply.
@@ -481,370 +515,60 @@ fn decode_block_panel(
     k: usize,
     out: &mut [f32],
 ) {
+    decode_block_rows(format, tiles, tiles_per_row, p, 0, k, out)
+}
+
+/// Input channels `k0..k0 + kc` of panel `p` of a block-format weight decoded to
+/// `[kc, PANEL]` f32.
+fn decode_block_rows(
+    format: BlockFormat,
+    tiles: &[u8],
+    tiles_per_row: usize,
+    p: usize,
+    k0: usize,
+    kc: usize,
+    out: &mut [f32],
+) {
     let tile_bytes = format.tile_bytes();
-    for kk in 0..k {
+    for i in 0..kc {
+        let kk = k0 + i;
         let tile = &tiles[((kk / 32) * tiles_per_row + p) * tile_bytes..][..tile_bytes];
         let r = kk % 32;
         let block = (r / 16) * 32 + r % 16;
         for (half, b) in [block, block + 16].into_iter().enumerate() {
             let values = format.decode(tile[b], &format.read_codes(tile, b));
-            out[kk * PANEL + half * 16..kk * PANEL + half * 16 + 16].copy_from_slice(&values);
+            out[i * PANEL + half * 16..i * PANEL + half * 16 + 16].copy_from_slice(&values);
+        }
+    }
+}
+
+/// The block loops of a small product `[m, k] · [k, n]` shared by the ISA kernels: for every
+/// strip of `width` output columns, block of `KC` input channels and tile of `height` rows,
+/// `tile(first_row, rows, first_col, cols, first_channel, channels)`.
+#[cfg(target_arch = "x86_64")]
+fn for_each_small_tile(
+    m: usize,
+    n: usize,
+    k: usize,
+    height: usize,
+    width: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize, usize, usize),
+) {
+    for j0 in (0..n).step_by(width) {
+        let cols = width.min(n - j0);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            for r0 in (0..m).step_by(height) {
+                tile(r0, height.min(m - r0), j0, cols, k0, kc);
+            }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{BlockFormat, Engine, PackedWeight, PanelData, KC, MR, PANEL};
-    use std::arch::x86_64::*;
-
-    /// Rows `rows` (starting on a token block) of panels `panels`: for each block of `KC`
-    /// input channels, every panel, every tile of `MR` tokens.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn panels(
-        xp: &[f32],
-        rows: std::ops::Range<usize>,
-        w: &PackedWeight,
-        panels: std::ops::Range<usize>,
-        y: *mut f32,
-        engine: Engine,
-    ) {
-        let (n, k) = (w.n, w.k);
-        // Block-format panels are decoded once per block of input channels into this buffer
-        // and then shared by every token tile, instead of being decoded per tile.
-        let mut decoded = match &w.data {
-            PanelData::Blocks { .. } => vec![0.0f32; KC * PANEL],
-            _ => Vec::new(),
-        };
-        let mut k0 = 0;
-        while k0 < k {
-            let kc = KC.min(k - k0);
-            for p in panels.clone() {
-                let cols = PANEL.min(n - p * PANEL);
-                let (src, b): (u8, *const u8) = match &w.data {
-                    PanelData::F32(d) => {
-                        (SRC_F32, d.as_ptr().add((p * k + k0) * PANEL) as *const u8)
-                    }
-                    PanelData::Bf16(d) => {
-                        (SRC_BF16, d.as_ptr().add((p * k + k0) * PANEL) as *const u8)
-                    }
-                    PanelData::Blocks {
-                        format,
-                        tiles,
-                        tiles_per_row,
-                    } => {
-                        // k0 is a multiple of KC, so of the tile height: start at the tile of
-                        // row k0 in column p; `ldb` is the bytes of a tile row.
-                        let tb = format.tile_bytes();
-                        let tiles_at = Tile {
-                            engine,
-                            a: std::ptr::null(),
-                            a_rs: 0,
-                            a_cs: 0,
-                            ldb: tiles_per_row * tb,
-                            kc,
-                            c: std::ptr::null_mut(),
-                            ldc: 0,
-                            cols,
-                            accumulate: false,
-                        };
-                        let first = tiles.as_ptr().add(((k0 / 32) * tiles_per_row + p) * tb);
-                        let all = masks(PANEL);
-                        for kk in 0..kc {
-                            let (b0, b1) = match format {
-                                BlockFormat::Bfp8 => load_b::<SRC_BFP8>(&tiles_at, first, kk, all),
-                                BlockFormat::Bfp4 => load_b::<SRC_BFP4>(&tiles_at, first, kk, all),
-                            };
-                            let row = decoded.as_mut_ptr().add(kk * PANEL);
-                            _mm512_storeu_ps(row, b0);
-                            _mm512_storeu_ps(row.add(16), b1);
-                        }
-                        (SRC_F32, decoded.as_ptr() as *const u8)
-                    }
-                };
-                let mut r0 = rows.start;
-                while r0 < rows.end {
-                    let m = MR.min(rows.end - r0);
-                    // Token block r0/MR, input channel k0 of the packed x.
-                    let t = Tile {
-                        engine,
-                        a: xp.as_ptr().add(r0 * k + k0 * MR),
-                        a_rs: 1,
-                        a_cs: MR,
-                        ldb: PANEL,
-                        kc,
-                        c: y.add(r0 * n + p * PANEL),
-                        ldc: n,
-                        cols,
-                        accumulate: k0 > 0,
-                    };
-                    if src == SRC_BF16 {
-                        dispatch::<SRC_BF16, true>(m, &t, b);
-                    } else {
-                        dispatch::<SRC_F32, true>(m, &t, b);
-                    }
-                    r0 += m;
-                }
-            }
-            k0 += kc;
-        }
-    }
-
-    /// `c[m, n] (+)= a[m, k] · b[k, n]` with any strides for `a` and unit column stride for
-    /// `b` (row stride `ldb`); `c` is dense `[m, n]`.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn small(
-        m: usize,
-        n: usize,
-        k: usize,
-        c: *mut f32,
-        accumulate: bool,
-        a: *const f32,
-        a_rs: usize,
-        a_cs: usize,
-        b: *const f32,
-        ldb: usize,
-    ) {
-        let mut j0 = 0;
-        while j0 < n {
-            let cols = PANEL.min(n - j0);
-            let mut k0 = 0;
-            while k0 < k {
-                let kc = KC.min(k - k0);
-                let mut r0 = 0;
-                while r0 < m {
-                    let rows = MR.min(m - r0);
-                    let t = Tile {
-                        engine: Engine::EXACT,
-                        a: a.add(r0 * a_rs + k0 * a_cs),
-                        a_rs,
-                        a_cs,
-                        ldb,
-                        kc,
-                        c: c.add(r0 * n + j0),
-                        ldc: n,
-                        cols,
-                        accumulate: accumulate || k0 > 0,
-                    };
-                    dispatch::<SRC_F32, false>(rows, &t, b.add(k0 * ldb + j0) as *const u8);
-                    r0 += rows;
-                }
-                k0 += kc;
-            }
-            j0 += cols;
-        }
-    }
-
-    /// One register tile's operands.
-    struct Tile {
-        engine: Engine,
-        a: *const f32,
-        a_rs: usize,
-        a_cs: usize,
-        /// Row stride of `b` in elements.
-        ldb: usize,
-        kc: usize,
-        c: *mut f32,
-        ldc: usize,
-        cols: usize,
-        accumulate: bool,
-    }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn dispatch<const SRC: u8, const PACKED_A: bool>(m: usize, t: &Tile, b: *const u8) {
-        macro_rules! go {
-            ($($m:literal)*) => {
-                match m {
-                    $($m => tile::<$m, SRC, PACKED_A>(t, b),)*
-                    _ => {}
-                }
-            };
-        }
-        go!(1 2 3 4 5 6 7 8 9 10 11 12);
-    }
-
-    fn masks(cols: usize) -> (__mmask16, __mmask16) {
-        let lo = if cols >= 16 {
-            0xffff
-        } else {
-            ((1u32 << cols) - 1) as __mmask16
-        };
-        let hi = if cols >= 32 {
-            0xffff
-        } else if cols <= 16 {
-            0
-        } else {
-            ((1u32 << (cols - 16)) - 1) as __mmask16
-        };
-        (lo, hi)
-    }
-
-    /// Each lane rounded to the nearest bf16 (ties to even), kept as f32.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn round_bf16(v: __m512) -> __m512 {
-        let bits = _mm512_castps_si512(v);
-        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
-        let up = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd);
-        _mm512_castsi512_ps(_mm512_and_si512(
-            up,
-            _mm512_set1_epi32(0xFFFF_0000u32 as i32),
-        ))
-    }
-
-    /// Where the 32 weights of one input channel come from.
-    const SRC_F32: u8 = 0;
-    /// bf16 panels, widened in registers.
-    const SRC_BF16: u8 = 1;
-    /// bfp8_b / bfp4_b tiles: two blocks decoded per input channel.
-    const SRC_BFP8: u8 = 2;
-    const SRC_BFP4: u8 = 3;
-
-    /// One block of 16 codes decoded to f32: `±m · scale`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn decode_block<const SRC: u8>(tile: *const u8, block: usize) -> __m512 {
-        let (format, sign_bit) = if SRC == SRC_BFP8 {
-            (BlockFormat::Bfp8, 7)
-        } else {
-            (BlockFormat::Bfp4, 3)
-        };
-        let scale = _mm512_set1_ps(format.scale(*tile.add(block)));
-        let codes = tile.add(super::formats::BLOCKS_PER_TILE + block * format.code_bytes());
-        let v = if SRC == SRC_BFP8 {
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(codes as *const __m128i))
-        } else {
-            // Element 2i in the low nibble of byte i.
-            let x = _mm_loadl_epi64(codes as *const __m128i);
-            let nibble = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(x, nibble);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(x), nibble);
-            _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))
-        };
-        let m = _mm512_and_si512(v, _mm512_set1_epi32((1 << sign_bit) - 1));
-        let sign = _mm512_sllv_epi32(
-            _mm512_and_si512(v, _mm512_set1_epi32(1 << sign_bit)),
-            _mm512_set1_epi32(31 - sign_bit),
-        );
-        let magnitude = _mm512_mul_ps(_mm512_cvtepi32_ps(m), scale);
-        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign))
-    }
-
-    /// The 32 weights of input channel `kk` of the block: two vectors of 16.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn load_b<const SRC: u8>(
-        t: &Tile,
-        b: *const u8,
-        kk: usize,
-        (mask_lo, mask_hi): (__mmask16, __mmask16),
-    ) -> (__m512, __m512) {
-        match SRC {
-            SRC_F32 => {
-                let p = b.add(kk * t.ldb * 4) as *const f32;
-                (
-                    _mm512_maskz_loadu_ps(mask_lo, p),
-                    _mm512_maskz_loadu_ps(mask_hi, p.add(16)),
-                )
-            }
-            SRC_BF16 => {
-                // bf16 panels are padded to 32 columns: whole loads are in bounds.
-                let raw = _mm512_loadu_si512(b.add(kk * t.ldb * 2) as *const __m512i);
-                let l = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw));
-                let h = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(raw));
-                (
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(l)),
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
-                )
-            }
-            _ => {
-                // Tiles are zero-padded: whole blocks are in bounds. Row r of a tile is face
-                // row r % 16 of faces 2(r/16) (outputs 0..16) and 2(r/16)+1 (outputs 16..32).
-                let tile = b.add((kk / 32) * t.ldb);
-                let r = kk % 32;
-                let block = (r / 16) * 32 + r % 16;
-                (
-                    decode_block::<SRC>(tile, block),
-                    decode_block::<SRC>(tile, block + 16),
-                )
-            }
-        }
-    }
-
-    /// One `M x 32` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 32]`. With
-    /// `PACKED_A`, `a` is a token block `[kc][MR]` and its offsets are constants.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn tile<const M: usize, const SRC: u8, const PACKED_A: bool>(t: &Tile, b: *const u8) {
-        let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (t.a_rs, t.a_cs) };
-        let mut lo = [_mm512_setzero_ps(); M];
-        let mut hi = [_mm512_setzero_ps(); M];
-        let masks = masks(t.cols);
-        // A bf16 destination rounds the running sum, so it starts from the earlier blocks'.
-        let carry_in = t.accumulate && t.engine.round_accumulators;
-        if carry_in {
-            for r in 0..M {
-                let row = t.c.add(r * t.ldc);
-                lo[r] = _mm512_maskz_loadu_ps(masks.0, row);
-                hi[r] = _mm512_maskz_loadu_ps(masks.1, row.add(16));
-            }
-        }
-        let weight_mask = _mm512_set1_epi32(t.engine.weight_mask as i32);
-        let truncate = t.engine.weight_mask != u32::MAX;
-        // One input channel: 2 weight vectors, M broadcasts, 2M FMAs.
-        macro_rules! channel {
-            ($kk:expr, $b0:expr, $b1:expr) => {{
-                let a = t.a.add($kk * a_cs);
-                for r in 0..M {
-                    let av = _mm512_set1_ps(*a.add(r * a_rs));
-                    lo[r] = _mm512_fmadd_ps(av, $b0, lo[r]);
-                    hi[r] = _mm512_fmadd_ps(av, $b1, hi[r]);
-                }
-            }};
-        }
-        if !truncate && !t.engine.round_accumulators {
-            // The plain product, without the per-channel checks of the imitation below.
-            // (Unrolling by two channels spilled registers: 2x slower, measured.)
-            for kk in 0..t.kc {
-                let (b0, b1) = load_b::<SRC>(t, b, kk, masks);
-                channel!(kk, b0, b1);
-            }
-        } else {
-            for kk in 0..t.kc {
-                let (mut b0, mut b1) = load_b::<SRC>(t, b, kk, masks);
-                if truncate {
-                    b0 =
-                        _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b0), weight_mask));
-                    b1 =
-                        _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b1), weight_mask));
-                }
-                channel!(kk, b0, b1);
-                if t.engine.round_accumulators && kk % 32 == 31 {
-                    for r in 0..M {
-                        lo[r] = round_bf16(lo[r]);
-                        hi[r] = round_bf16(hi[r]);
-                    }
-                }
-            }
-        }
-        let (mask_lo, mask_hi) = masks;
-        for r in 0..M {
-            let row = t.c.add(r * t.ldc);
-            let (mut vl, mut vh) = (lo[r], hi[r]);
-            if t.accumulate && !carry_in {
-                vl = _mm512_add_ps(vl, _mm512_maskz_loadu_ps(mask_lo, row));
-                vh = _mm512_add_ps(vh, _mm512_maskz_loadu_ps(mask_hi, row.add(16)));
-            }
-            if t.engine.round_accumulators {
-                vl = round_bf16(vl);
-                vh = round_bf16(vh);
-            }
-            _mm512_mask_storeu_ps(row, mask_lo, vl);
-            _mm512_mask_storeu_ps(row.add(16), mask_hi, vh);
-        }
-    }
-}
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// `c[m, n] = a[m, k] · b[k, n]` for small dense row-major operands (strides given), summed
 /// into `c` when `accumulate`. Single-threaded: callers parallelise over heads.
@@ -881,8 +605,8 @@ pub fn small_matmul(
         "small_matmul: b too small"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // The tile kernel wants unit column stride in `b`: transpose it once if needed.
+    if super::isa::isa() >= super::isa::Isa::Avx2Fma {
+        // The tile kernels want unit column stride in `b`: transpose it once if needed.
         let transposed;
         let (b_ptr, ldb) = if b_col_stride == 1 {
             (b.as_ptr(), b_row_stride)
@@ -896,10 +620,16 @@ pub fn small_matmul(
             transposed = t;
             (transposed.as_ptr(), n)
         };
+        let kernel = if super::isa::isa() >= super::isa::Isa::Avx512 {
+            avx512::small
+        } else {
+            avx2::small
+        };
         // SAFETY: the assertions above bound every access to `a` and `c`; `b_ptr` is either
-        // `b` with unit column stride (bounded likewise) or the dense `[k, n]` transposition.
+        // `b` with unit column stride (bounded likewise) or the dense `[k, n]` transposition;
+        // the kernel's ISA was detected.
         unsafe {
-            avx512::small(
+            kernel(
                 m,
                 n,
                 k,
@@ -1067,14 +797,19 @@ mod tests {
                 assert_eq!(packed.bytes(), formats::packed_bytes(k, n, tile));
                 let want = naive(&x, rows, &device_weight(&w, n, k, tile), n, k);
                 for got in both_kernels(&x, rows, &packed, &Numerics::default()) {
-                    for (a, b) in got.iter().zip(&want) {
-                        assert!(
-                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                            "{format:?} {rows}x{n}x{k}: {a} vs {b}"
-                        );
-                    }
+                    assert_close(&got, &want, &format!("{format:?} {rows}x{n}x{k}"));
                 }
             }
+        }
+    }
+
+    /// Every value of `got` within 1e-4 (relative to 1 + |want|) of `want`.
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        for (a, b) in got.iter().zip(want) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{what}: {a} vs {b}"
+            );
         }
     }
 
@@ -1099,12 +834,7 @@ mod tests {
             let ws: Vec<f32> = w.iter().map(|&v| keep(bf(v), wm)).collect();
             let want = naive(&xs, rows, &ws, n, k);
             for got in both_kernels(&x, rows, &packed, &numerics) {
-                for (a, b) in got.iter().zip(&want) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{fidelity:?}: {a} vs {b}"
-                    );
-                }
+                assert_close(&got, &want, &format!("{fidelity:?}"));
             }
         }
     }
@@ -1212,6 +942,159 @@ mod tests {
         let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
         small_matmul(m, n, k, &mut c, true, &at, 1, m, &bt, 1, k);
         assert!(c.iter().zip(&want).all(|(x, y)| (x - 2.0 * y).abs() < 2e-3));
+    }
+
+    /// The kernels of every ISA this CPU has.
+    fn kernels_here() -> Vec<(&'static str, PanelKernel)> {
+        let mut out: Vec<(&'static str, PanelKernel)> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::cpu::isa::Isa;
+            let have = Isa::detected();
+            if have >= Isa::Avx2Fma {
+                out.push(("avx2", avx2::panels));
+            }
+            if have >= Isa::Avx512 {
+                out.push(("avx512", avx512::panels));
+            }
+        }
+        out
+    }
+
+    /// Every ISA kernel against the portable path on odd shapes (tails of tokens, outputs and
+    /// input channels; several KC blocks; every format): within 1e-6 of the sum of |x·w| for
+    /// the plain product and with fidelity truncation, within one bf16 step of the sum with a
+    /// bf16 destination (the two add the same products in another order before rounding).
+    #[test]
+    fn every_isa_kernel_equals_the_portable_path() {
+        let shapes = [
+            (1, 1, 1),
+            (5, 17, 33),
+            (13, 70, 600),
+            (25, 33, 1030),
+            (7, 64, 96),
+        ];
+        let numerics = [
+            Numerics::default(),
+            Numerics {
+                bf16_activations: true,
+                fidelity: Fidelity::LoFi,
+                bf16_accumulation: false,
+            },
+            Numerics {
+                bf16_activations: true,
+                fidelity: Fidelity::HiFi2,
+                bf16_accumulation: true,
+            },
+        ];
+        let mut checked = 0;
+        for (name, kernel) in kernels_here() {
+            for &(rows, n, k) in &shapes {
+                let x = ragged(rows * k, 3);
+                let w = ragged(n * k, 5);
+                for format in [
+                    WeightFormat::F32,
+                    WeightFormat::Bf16,
+                    WeightFormat::Bfp8,
+                    WeightFormat::Bfp4,
+                ] {
+                    let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
+                    for num in &numerics {
+                        let fast = linear_on(Some(kernel), &x, rows, &packed, num);
+                        let slow = linear_on(None, &x, rows, &packed, num);
+                        for r in 0..rows {
+                            for j in 0..n {
+                                let scale: f32 = (0..k)
+                                    .map(|kk| (x[r * k + kk] * w[j * k + kk]).abs())
+                                    .sum::<f32>()
+                                    .max(1e-30);
+                                let (a, b) = (fast[r * n + j], slow[r * n + j]);
+                                let bound = if num.bf16_accumulation {
+                                    scale / 128.0
+                                } else {
+                                    1e-6 * scale
+                                };
+                                assert!(
+                                    (a - b).abs() <= bound,
+                                    "{name} {format:?} {num:?} [{rows}x{n}x{k}] ({r},{j}): {a} vs {b}"
+                                );
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("{checked} kernel/shape/format/numerics cases checked");
+    }
+
+    /// The small-matmul kernel of every ISA here against a plain f64 product on odd shapes.
+    #[test]
+    fn every_isa_small_kernel_equals_a_plain_product() {
+        type Small = unsafe fn(
+            usize,
+            usize,
+            usize,
+            *mut f32,
+            bool,
+            *const f32,
+            usize,
+            usize,
+            *const f32,
+            usize,
+        );
+        let mut kernels: Vec<(&str, Small)> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::cpu::isa::Isa;
+            if Isa::detected() >= Isa::Avx2Fma {
+                kernels.push(("avx2", avx2::small));
+            }
+            if Isa::detected() >= Isa::Avx512 {
+                kernels.push(("avx512", avx512::small));
+            }
+        }
+        for (name, kernel) in kernels {
+            for (m, n, k) in [(1, 1, 1), (7, 9, 33), (13, 40, 600), (3, 72, 1025)] {
+                let a = ragged(m * k, 1);
+                let b = ragged(k * n, 2);
+                let mut c = ragged(m * n, 4);
+                let before = c.clone();
+                // SAFETY: dense operands of exactly these shapes; the ISA was detected.
+                unsafe {
+                    kernel(
+                        m,
+                        n,
+                        k,
+                        c.as_mut_ptr(),
+                        true,
+                        a.as_ptr(),
+                        k,
+                        1,
+                        b.as_ptr(),
+                        n,
+                    )
+                };
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut want, mut scale) = (
+                            f64::from(before[i * n + j]),
+                            f64::from(before[i * n + j]).abs(),
+                        );
+                        for kk in 0..k {
+                            let p = f64::from(a[i * k + kk]) * f64::from(b[kk * n + j]);
+                            want += p;
+                            scale += p.abs();
+                        }
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-6 * scale.max(1e-30),
+                            "{name} [{m}x{n}x{k}] ({i},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,111 @@
+//! The dense ops of the CPU mesh: the linear projection (the packed matmul of `cpu::matmul`),
+//! the all-reduce between shards, and the column reshapes (split, fold).
+
+use crate::cpu::matmul;
+use crate::cpu::{layout, shape, CpuMesh, CpuTensor, CpuWeight, CpuWeightPart, Placement};
+use crate::{HostTensor, MeshOps, Result};
+
+pub(in crate::cpu) fn linear(mesh: &CpuMesh, x: &CpuTensor, w: &CpuWeight) -> Result<CpuTensor> {
+    let _t = mesh.timer("linear");
+    let placement = match x.placement {
+        Placement::Replicated => Placement::Sharded,
+        Placement::Sharded => Placement::Partial,
+        Placement::Partial => return Err(layout("linear", "complete", x.placement)),
+    };
+    // A replicated input against a replicated (1-device) plan stays replicated.
+    let placement = if mesh.devices() == 1 && x.placement == Placement::Replicated {
+        Placement::Replicated
+    } else {
+        placement
+    };
+    let shards = mesh.per_device(|d| {
+        let xs = &x.shards[d];
+        let CpuWeightPart::Matrix(wp) = &w.parts[d] else {
+            return Err(shape("linear", "a vector weight used as a matrix".into()));
+        };
+        if xs.cols != wp.k {
+            return Err(shape(
+                "linear",
+                format!("input width {} vs weight [{}, {}]", xs.cols, wp.n, wp.k),
+            ));
+        }
+        Ok(HostTensor::new(
+            xs.rows,
+            wp.n,
+            matmul::linear_with(&xs.data, xs.rows, wp, &mesh.numerics),
+        ))
+    })?;
+    Ok(CpuTensor { placement, shards })
+}
+
+pub(in crate::cpu) fn all_reduce(mesh: &CpuMesh, x: &CpuTensor) -> Result<CpuTensor> {
+    let _t = mesh.timer("all_reduce");
+    match x.placement {
+        Placement::Replicated => Ok(x.clone()),
+        Placement::Sharded => Err(layout("all_reduce", "partial", x.placement)),
+        Placement::Partial => {
+            let first = &x.shards[0];
+            let mut sum = first.clone();
+            for s in &x.shards[1..] {
+                CpuMesh::same_shape("all_reduce", first, s)?;
+                sum.data.iter_mut().zip(&s.data).for_each(|(a, b)| *a += b);
+            }
+            mesh.replicate(&sum)
+        }
+    }
+}
+
+pub(in crate::cpu) fn split_cols(
+    mesh: &CpuMesh,
+    x: &CpuTensor,
+    widths: &[usize],
+) -> Result<Vec<CpuTensor>> {
+    let _t = mesh.timer("split_cols");
+    if x.placement == Placement::Partial {
+        return Err(layout("split_cols", "complete", x.placement));
+    }
+    let total: usize = widths.iter().sum();
+    let mut outs: Vec<CpuTensor> = widths
+        .iter()
+        .map(|_| CpuTensor {
+            placement: x.placement,
+            shards: Vec::with_capacity(x.shards.len()),
+        })
+        .collect();
+    for s in &x.shards {
+        if s.cols != total {
+            return Err(shape(
+                "split_cols",
+                format!("{} columns split as {widths:?}", s.cols),
+            ));
+        }
+        let mut start = 0;
+        for (out, &w) in outs.iter_mut().zip(widths) {
+            let mut data = Vec::with_capacity(s.rows * w);
+            for r in 0..s.rows {
+                data.extend_from_slice(&s.row(r)[start..start + w]);
+            }
+            out.shards.push(HostTensor::new(s.rows, w, data));
+            start += w;
+        }
+    }
+    Ok(outs)
+}
+
+pub(in crate::cpu) fn fold_rows(mesh: &CpuMesh, x: &CpuTensor, group: usize) -> Result<CpuTensor> {
+    let _t = mesh.timer("fold_rows");
+    mesh.elementwise("fold_rows", &[x], |_, p| {
+        let s = p[0];
+        if group == 0 || !s.rows.is_multiple_of(group) {
+            return Err(shape(
+                "fold_rows",
+                format!("{} rows in groups of {group}", s.rows),
+            ));
+        }
+        Ok(HostTensor::new(
+            s.rows / group,
+            s.cols * group,
+            s.data.clone(),
+        ))
+    })
+}
