@@ -753,35 +753,17 @@ mod tests {
             .collect()
     }
 
-    /// Both kernels (AVX-512 when present, and the portable one) against `want`.
+    /// The process's kernel and the portable path, for comparison against `want`.
     fn both_kernels(
         x: &[f32],
         rows: usize,
         w: &PackedWeight,
         numerics: &Numerics,
     ) -> [Vec<f32>; 2] {
-        let fast = linear_with(x, rows, w, numerics);
-        let mut portable = vec![0.0f32; rows * w.n];
-        let (weight_mask, activation_mask) = numerics.fidelity.masks();
-        let bf16 = numerics.bf16_activations || numerics.fidelity != Fidelity::Exact;
-        let xr: Vec<f32> = x
-            .iter()
-            .map(|&v| {
-                let v = if bf16 {
-                    formats::bf16::to_f32(formats::bf16::from_f32(v))
-                } else {
-                    v
-                };
-                f32::from_bits(v.to_bits() & activation_mask)
-            })
-            .collect();
-        let engine = Engine {
-            weight_mask,
-            round_accumulators: numerics.bf16_accumulation,
-        };
-        // SAFETY: `portable` is [rows, n] and `xr` [rows, k], as the kernel expects.
-        unsafe { portable_panels(&xr, rows, w, 0, w.panels(), portable.as_mut_ptr(), engine) };
-        [fast, portable]
+        [
+            linear_with(x, rows, w, numerics),
+            linear_on(None, x, rows, w, numerics),
+        ]
     }
 
     #[test]
