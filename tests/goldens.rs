@@ -166,7 +166,13 @@ fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
             let question = &request.questions[k];
             unrounded.insert(
                 question.id.clone(),
-                answer_rounded_with(question, enc, &d.probabilities[k], |x| x),
+                serde_json::to_value(answer_rounded_with(
+                    question,
+                    enc,
+                    &d.probabilities[k],
+                    |x| x,
+                ))
+                .unwrap(),
             );
         }
         let want = exp["response"].clone();

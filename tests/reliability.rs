@@ -143,18 +143,13 @@ fn invalid_request() -> impl Strategy<Value = (Value, &'static str)> {
     })
 }
 
-fn tiny_pipeline() -> &'static Pipeline<CpuMesh> {
-    static PIPELINE: std::sync::OnceLock<Pipeline<CpuMesh>> = std::sync::OnceLock::new();
-    PIPELINE.get_or_init(pipeline)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
     #[test]
     fn valid_requests_get_probabilities_that_sum_to_one(body in valid_request()) {
         let bytes = serde_json::to_vec(&body).unwrap();
-        let decision = tiny_pipeline()
+        let decision = shared_pipeline()
             .decide_body(&bytes, RULE, Some(&HostLimits::default()))
             .map_err(|e| TestCaseError::fail(format!("{} {}: {body}", e.status, e.msg)))?;
         prop_assert_eq!(decision.probabilities.len(), body["questions"].as_object().unwrap().len());
@@ -246,7 +241,7 @@ fn a_panicking_request_fails_alone_and_its_worker_is_replaced() {
     }));
     let base = start_with(settings(), vec![faulty], 8);
     let good = long_state_body("");
-    let solo = tiny_pipeline()
+    let solo = shared_pipeline()
         .decide_body(good.as_bytes(), RULE, None)
         .unwrap()
         .response;
@@ -305,7 +300,7 @@ fn a_burst_of_disconnecting_clients_leaves_queue_and_cache_consistent() {
     assert_eq!(counters["queued"], 0);
     // Whatever stayed in the cache is whole: a repeated state hits and answers as a fresh model.
     let body = long_state_body("client 1 ");
-    let solo = tiny_pipeline()
+    let solo = shared_pipeline()
         .decide_body(body.as_bytes(), RULE, None)
         .unwrap()
         .response;
@@ -351,7 +346,7 @@ fn a_model_directory_changed_under_the_server_does_not_crash_it() {
     drop(ckpt);
     let base = start_with(settings(), vec![served], 8);
     let body = triage();
-    let solo = tiny_pipeline()
+    let solo = shared_pipeline()
         .decide_body(body.as_bytes(), RULE, None)
         .unwrap()
         .response;
@@ -472,7 +467,7 @@ fn load_at_four_times_capacity_answers_200_or_429_equal_to_solo_answers() {
         .iter()
         .map(|b| {
             strip_latency(
-                &tiny_pipeline()
+                &shared_pipeline()
                     .decide_body(b.as_bytes(), RULE, None)
                     .unwrap()
                     .response

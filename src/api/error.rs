@@ -2,7 +2,8 @@
 //! `{"detail": [{"loc", "msg", "type"}], "error": {"message", "type"}}` (the message in both
 //! places so every client's extractor finds it).
 
-use serde_json::{json, Value};
+use super::contract::{ErrorBody, ErrorDetail, ErrorSummary};
+use serde_json::Value;
 
 /// One error answer.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -44,10 +45,19 @@ impl ApiError {
         }
     }
 
+    /// The body ([`ErrorBody`]) as JSON.
     pub fn body(&self) -> Value {
-        json!({
-            "detail": [{"loc": self.loc, "msg": self.msg, "type": self.kind}],
-            "error": {"message": self.msg, "type": self.kind},
-        })
+        let body = ErrorBody {
+            detail: vec![ErrorDetail {
+                loc: self.loc.clone(),
+                msg: self.msg.clone(),
+                kind: self.kind.clone(),
+            }],
+            error: ErrorSummary {
+                message: self.msg.clone(),
+                kind: self.kind.clone(),
+            },
+        };
+        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 }

@@ -1,9 +1,12 @@
-//! The API surface: request parsing and validation and error bodies (usable without HTTP), and
-//! the axum routes with their metrics.
+//! The API surface: the wire types (`contract`) and the OpenAPI document built from them
+//! (`openapi`), request parsing and validation and error bodies (usable without HTTP), and the
+//! axum routes with their metrics.
 
+pub mod contract;
 pub mod demo;
 mod error;
 pub mod metrics;
+pub mod openapi;
 pub mod request;
 pub mod server;
 

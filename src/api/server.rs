@@ -1,15 +1,19 @@
 //! The HTTP server: `POST /v1/systemone`, `GET /v1/models`, `GET /health` and `/v1/health`,
-//! `GET /metrics`, and the demo page at `/` (see `demo.rs`). Order of checks on a decision: the bearer key (401), the body limit (413),
+//! `GET /metrics`, `GET /openapi.json` (the contract, `openapi.rs`), and the demo page at `/`
+//! (see `demo.rs`). Order of checks on a decision: the bearer key (401), the body limit (413),
 //! content type (415), JSON and validation (422, before the model name), the served names
 //! (404), the queue (429 with `Retry-After`); then a worker answers (200, 422 for over-long
 //! prompts, 500 with a message if the worker fails).
 
+use super::contract::{DecisionBody, HealthBody, HealthStatus, ModelCard, ModelList};
 use super::metrics::{Metrics, Snapshot};
+use super::openapi::{self, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
 use super::{parse_body, validate, ApiError, HostLimits};
 use crate::encode::json::dumps;
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
 use crate::engine::worker::{Engine, Job, SubmitError};
+use crate::media::MediaLimits;
 use axum::body::{to_bytes, Body};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -17,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use clef_device::DeviceUsage;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +62,8 @@ pub struct ServerSettings {
     pub demo: bool,
     /// The workers' device usage, where the backend reports it.
     pub device: Option<DeviceProbe>,
+    /// Bounds on images and videos; `None` when the model has no vision tower.
+    pub media: Option<MediaLimits>,
 }
 
 /// Shared state of the routes.
@@ -65,6 +71,8 @@ pub struct AppState {
     pub engine: Engine,
     pub settings: ServerSettings,
     pub metrics: Metrics,
+    /// `GET /openapi.json`, built once from the settings.
+    openapi: Value,
     next_id: AtomicU64,
 }
 
@@ -76,6 +84,7 @@ impl AppState {
             .unwrap_or(0);
         Arc::new(AppState {
             engine,
+            openapi: openapi::document(&settings),
             settings,
             metrics: Metrics::default(),
             next_id: AtomicU64::new(seed << 16),
@@ -123,7 +132,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_document))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
@@ -140,7 +151,7 @@ fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
         HeaderValue::from_static("application/json"),
     );
     if let Ok(v) = HeaderValue::from_str(request_id) {
-        h.insert("x-request-id", v.clone());
+        h.insert(REQUEST_ID_HEADER, v.clone());
         h.insert("x-typesafe-request-id", v);
     }
     resp
@@ -204,10 +215,8 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let (resp, status, tokens) = match decide(&state, request).await {
         Ok((body, tokens, cache)) => {
             let mut resp = json_response(200, &body, &id);
-            resp.headers_mut().insert(
-                "x-clef-prefix-cache",
-                HeaderValue::from_static(cache.name()),
-            );
+            resp.headers_mut()
+                .insert(PREFIX_CACHE_HEADER, HeaderValue::from_static(cache.name()));
             (resp, 200, tokens)
         }
         Err(e) => (error_response(&e, &id), e.status, 0),
@@ -306,7 +315,7 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize, Cac
         .await
         .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
     let mut body = decision.response;
-    body["latency_ms"] = json!((decision.model_seconds * 1e4).round() / 10.0);
+    DecisionBody::set_latency_ms(&mut body, decision.model_seconds);
     Ok((body, decision.record.input_ids.len(), decision.cache))
 }
 
@@ -386,27 +395,45 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     } else {
         state.settings.model_names.clone()
     };
-    let models: Vec<Value> = names
-        .into_iter()
-        .map(|n| {
-            let mut c = card.clone();
-            c["name"] = Value::from(n);
-            c
-        })
-        .collect();
+    let text = |field: &str| card[field].as_str().unwrap_or_default().to_string();
+    let (description, release_date) = (text("description"), text("release_date"));
+    let mut details = match card {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    for field in ["name", "description", "release_date"] {
+        details.shift_remove(field);
+    }
+    let list = ModelList {
+        models: names
+            .into_iter()
+            .map(|name| ModelCard {
+                name,
+                description: description.clone(),
+                release_date: release_date.clone(),
+                details: details.clone(),
+            })
+            .collect(),
+    };
     state.metrics.record("/v1/models", 200, 0.0);
-    json_response(200, &json!({"models": models}), &id)
+    let body = serde_json::to_value(list).unwrap_or(Value::Null);
+    json_response(200, &body, &id)
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let snap = state.snapshot();
     let ready = state.engine.is_ready();
-    let body = json!({
-        "status": if ready { "ok" } else { "starting" },
-        "workers": snap.workers,
-        "workers_ready": snap.workers_ready,
-        "queued": snap.queued,
-    });
+    let body = HealthBody {
+        status: if ready {
+            HealthStatus::Ok
+        } else {
+            HealthStatus::Starting
+        },
+        workers: snap.workers,
+        workers_ready: snap.workers_ready,
+        queued: snap.queued,
+    };
+    let body = serde_json::to_value(body).unwrap_or(Value::Null);
     json_response(if ready { 200 } else { 503 }, &body, &state.request_id())
 }
 
@@ -420,13 +447,25 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     resp
 }
 
+async fn openapi_document(State(state): State<Arc<AppState>>) -> Response {
+    json_response(200, &state.openapi, &state.request_id())
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>) -> Response {
+    route_error(
+        &state,
+        405,
+        "this route does not take that method; see /openapi.json",
+        "method_not_allowed",
+    )
+}
+
 async fn not_found(State(state): State<Arc<AppState>>) -> Response {
-    let e = status_error(
-        404,
-        "no such route; see /v1/systemone, /v1/models, /health, /metrics",
-        "not_found",
-    );
-    error_response(&e, &state.request_id())
+    route_error(&state, 404, "no such route; see /openapi.json", "not_found")
+}
+
+fn route_error(state: &AppState, status: u16, msg: &str, kind: &str) -> Response {
+    error_response(&status_error(status, msg, kind), &state.request_id())
 }
 
 #[cfg(test)]

@@ -21,6 +21,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve the HTTP API (POST /v1/systemone, GET /v1/models, /health, /metrics).
     Serve(ServeArgs),
+    /// Print the OpenAPI 3.1 document `serve` with the same flags would publish at
+    /// /openapi.json (no weights loaded, no server started).
+    Openapi(ServeArgs),
     /// Print a checkpoint's configuration, tensor groups, head and tokenizer; exit non-zero on
     /// any inconsistency.
     Inspect {

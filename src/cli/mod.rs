@@ -124,6 +124,7 @@ pub fn main() -> anyhow::Result<()> {
     settings::apply_settings_file()?;
     match Cli::parse().command {
         Command::Serve(a) => serve::run(serve::ServeOptions::from_args(a)?),
+        Command::Openapi(a) => serve::print_openapi(&serve::ServeOptions::from_args(a)?),
         Command::Inspect { model, revision } => {
             let ckpt = open(model, revision.as_deref())?;
             let (text, problems) = inspect::report(&ckpt)?;

@@ -171,6 +171,46 @@ fn media_card(m: &clef_tt::media::MediaLimits, on: bool) -> serde_json::Value {
     })
 }
 
+/// What the routes know besides the engine.
+fn server_settings(
+    o: &ServeOptions,
+    ckpt: &Checkpoint,
+    rule: LengthRule,
+    limits: HostLimits,
+    card: serde_json::Value,
+    device: Option<DeviceProbe>,
+) -> ServerSettings {
+    ServerSettings {
+        api_key: o.api_key.clone().filter(|k| !k.is_empty()),
+        model_names: o.model_names.clone(),
+        max_body_bytes: o.max_body_bytes,
+        demo: o.demo,
+        rule,
+        limits,
+        card,
+        device,
+        media: ckpt.config.vision.is_some().then(|| o.media_limits.clone()),
+    }
+}
+
+/// `clef-tt openapi`: the document `serve` with the same flags would publish, without loading
+/// weights or starting a server.
+pub fn print_openapi(o: &ServeOptions) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::open(&o.model_dir)
+        .with_context(|| format!("opening {}", o.model_dir.display()))?;
+    let settings = server_settings(o, &ckpt, o.rule, host_limits(o), json!({}), None);
+    let doc = clef_tt::api::openapi::document(&settings);
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
+
+fn host_limits(o: &ServeOptions) -> HostLimits {
+    HostLimits {
+        strict: o.strict,
+        ..HostLimits::default()
+    }
+}
+
 fn card(
     o: &ServeOptions,
     ckpt: &Checkpoint,
@@ -332,10 +372,7 @@ where
         "prefix cache"
     );
     let rule = o.rule;
-    let limits = HostLimits {
-        strict: o.strict,
-        ..HostLimits::default()
-    };
+    let limits = host_limits(o);
     let warmup = if o.warmup {
         let value = parse_body(WARMUP.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
         Some((
@@ -348,16 +385,7 @@ where
     let engine = Engine::start(pipelines, o.max_queue, warmup);
     let card = card(o, &ckpt, &limits, &cache_plan);
     let device_probe = DeviceProbe::new(move || meshes.iter().filter_map(|m| m.usage()).collect());
-    let settings = ServerSettings {
-        api_key: o.api_key.clone().filter(|k| !k.is_empty()),
-        model_names: o.model_names.clone(),
-        max_body_bytes: o.max_body_bytes,
-        demo: o.demo,
-        rule,
-        limits,
-        card,
-        device: Some(device_probe),
-    };
+    let settings = server_settings(o, &ckpt, rule, limits, card, Some(device_probe));
     let state = AppState::new(engine, settings);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -8,6 +8,7 @@
 pub mod prefix_cache;
 pub mod worker;
 
+use crate::api::contract::{DecisionBody, Usage};
 use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
 use crate::backbone::{Backbone, LoadError, PrefillState, WeightFormats};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
@@ -20,7 +21,7 @@ use clef_vision::{MediaTokens, VisionTower};
 use prefix_cache::{
     boundary, CacheKey, CacheUse, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixSlot,
 };
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -281,24 +282,27 @@ impl<B: MeshOps> Pipeline<B> {
         let logits = self.logits(&record, &rows.hidden, rows.first_row, &rows.memory)?;
         let model_seconds = started.elapsed().as_secs_f64();
         let probabilities: Vec<Vec<f32>> = logits.iter().map(|l| probabilities(l)).collect();
-        let mut answers = Map::new();
-        for ((q, enc), probs) in req
+        let answers = req
             .questions
             .iter()
             .zip(&record.questions)
             .zip(&probabilities)
-        {
-            answers.insert(q.id.clone(), answer(q, enc, probs));
-        }
-        let mut response = json!({
-            "model": req.model,
-            "answers": Value::Object(answers),
-            "usage": {"input_tokens": record.input_ids.len(), "output_tokens": 0},
-        });
-        // The reference cuts silently; the server says so.
-        if record.truncated && matches!(rule, LengthRule::Server { .. }) {
-            response["truncated"] = Value::Bool(true);
-        }
+            .map(|((q, enc), probs)| (q.id.clone(), answer(q, enc, probs)))
+            .collect();
+        let body = DecisionBody {
+            model: req.model.clone(),
+            answers,
+            usage: Usage {
+                input_tokens: record.input_ids.len(),
+                output_tokens: 0,
+            },
+            // The reference cuts silently; the server says so.
+            truncated: (record.truncated && matches!(rule, LengthRule::Server { .. }))
+                .then_some(true),
+            latency_ms: None,
+        };
+        let response = serde_json::to_value(&body)
+            .map_err(|e| ApiError::internal(format!("serialising the answer: {e}")))?;
         Ok(Decision {
             response,
             record,

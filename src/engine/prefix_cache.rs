@@ -112,6 +112,14 @@ pub enum CacheUse {
 }
 
 impl CacheUse {
+    /// Every value (the `x-clef-prefix-cache` header's values in the OpenAPI document).
+    pub const ALL: [CacheUse; 4] = [
+        CacheUse::Off,
+        CacheUse::Uncacheable,
+        CacheUse::Hit,
+        CacheUse::Miss,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             CacheUse::Off => "off",

@@ -1,11 +1,12 @@
 //! From logits to the reference's answers (spec/clef-reference.md §3.3): an f32 softmax per
-//! question, then the response shapes with Python's `round(x, 4)`.
+//! question, then the response shapes ([`Answer`]) with Python's `round(x, 4)`.
 
+use crate::api::contract::{Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer};
 use crate::api::{Question, QuestionType};
 use crate::encode::json::round4;
 use crate::encode::record::score_levels;
 use crate::encode::EncodedQuestion;
-use serde_json::{Map, Number, Value};
+use serde_json::Value;
 
 /// Softmax over f32 logits, in f32 (the reference casts the logits to float32 first).
 pub fn probabilities(logits: &[f32]) -> Vec<f32> {
@@ -15,14 +16,8 @@ pub fn probabilities(logits: &[f32]) -> Vec<f32> {
     exps.iter().map(|e| e / sum).collect()
 }
 
-fn num(x: f64) -> Value {
-    Number::from_f64(x)
-        .map(Value::Number)
-        .unwrap_or(Value::Null)
-}
-
 /// One question's answer. `probs` are in model option order (`encoded.option_ids`).
-pub fn answer(question: &Question, encoded: &EncodedQuestion, probs: &[f32]) -> Value {
+pub fn answer(question: &Question, encoded: &EncodedQuestion, probs: &[f32]) -> Answer {
     answer_rounded_with(question, encoded, probs, round4)
 }
 
@@ -32,7 +27,7 @@ pub fn answer_rounded_with(
     encoded: &EncodedQuestion,
     probs: &[f32],
     round4: impl Fn(f64) -> f64,
-) -> Value {
+) -> Answer {
     let p = |id: &str| -> f64 {
         encoded
             .option_ids
@@ -41,12 +36,10 @@ pub fn answer_rounded_with(
             .map(|i| probs[i] as f64)
             .unwrap_or(0.0)
     };
-    let mut out = Map::new();
-    out.insert("type".into(), Value::from(question.kind.name()));
     match question.kind {
-        QuestionType::Noul => {
-            out.insert("noul".into(), num(round4(p("true"))));
-        }
+        QuestionType::Noul => Answer::Noul(NoulAnswer {
+            noul: round4(p("true")),
+        }),
         QuestionType::Choice => {
             let keys: Vec<&String> = match &question.criteria {
                 Some(Value::Object(c)) => c.keys().collect(),
@@ -61,13 +54,11 @@ pub fn answer_rounded_with(
                 }
             }
             let (choice, top) = best.map(|(k, v)| (k.clone(), v)).unwrap_or_default();
-            out.insert("choice".into(), Value::from(choice));
-            out.insert("confidence".into(), num(round4(top)));
-            let probs: Map<String, Value> = keys
-                .iter()
-                .map(|k| ((*k).clone(), num(round4(p(k)))))
-                .collect();
-            out.insert("probabilities".into(), Value::Object(probs));
+            Answer::Choice(ChoiceAnswer {
+                choice,
+                confidence: round4(top),
+                probabilities: keys.iter().map(|k| ((*k).clone(), round4(p(k)))).collect(),
+            })
         }
         QuestionType::Score => {
             let levels = score_levels(question);
@@ -77,21 +68,20 @@ pub fn answer_rounded_with(
                 expected += i as f64 * pi;
             }
             let top = ps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            out.insert("score".into(), num(round4(expected)));
-            out.insert("confidence".into(), num(round4(top)));
-            let legend: Map<String, Value> = levels
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| (i.to_string(), v))
-                .collect();
-            out.insert("legend".into(), Value::Object(legend));
-            let probs: Map<String, Value> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (i.to_string(), num(round4(*v))))
-                .collect();
-            out.insert("probabilities".into(), Value::Object(probs));
+            Answer::Score(ScoreAnswer {
+                score: round4(expected),
+                confidence: round4(top),
+                legend: levels
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| (i.to_string(), v))
+                    .collect(),
+                probabilities: ps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (i.to_string(), round4(*v)))
+                    .collect(),
+            })
         }
     }
-    Value::Object(out)
 }

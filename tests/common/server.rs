@@ -10,6 +10,7 @@ use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::Pipeline;
+use clef_tt::media::MediaLimits;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -24,6 +25,12 @@ pub fn pipeline() -> Pipeline<CpuMesh> {
     Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap()
 }
 
+/// One fixture pipeline per test binary, for tests that answer many bodies in-process.
+pub fn shared_pipeline() -> &'static Pipeline<CpuMesh> {
+    static PIPELINE: std::sync::OnceLock<Pipeline<CpuMesh>> = std::sync::OnceLock::new();
+    PIPELINE.get_or_init(pipeline)
+}
+
 pub fn settings() -> ServerSettings {
     ServerSettings {
         api_key: None,
@@ -34,6 +41,7 @@ pub fn settings() -> ServerSettings {
         limits: HostLimits::default(),
         card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
         device: None,
+        media: Some(MediaLimits::default()),
     }
 }
 

@@ -1,0 +1,428 @@
+//! The HTTP contract as an OpenAPI 3.1 document: `GET /openapi.json` (never behind the key) and
+//! `clef-tt openapi`.
+//!
+//! Schemas come from the wire types of `contract.rs` (schemars, JSON Schema 2020-12, the
+//! dialect of OpenAPI 3.1): requests with the deserialising contract, responses with the
+//! serialising one. The limits the server was started with ([`ServerSettings`]: questions,
+//! options, levels, id length, strict rules, media counts, served model names, body bytes,
+//! token limits) are then written into those schemas, so the document describes this server
+//! and not a default one. Paths, status codes and headers are listed here, next to the
+//! constants the routes use.
+
+use super::contract::{DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody};
+use super::server::ServerSettings;
+use crate::encode::LengthRule;
+use crate::engine::prefix_cache::CacheUse;
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::JsonSchema;
+use serde_json::{json, Map, Value};
+
+/// Where schemas live in the document.
+const SCHEMAS: &str = "/components/schemas";
+
+/// The request id every JSON answer carries (also as `x-typesafe-request-id`).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// How a decision used the prefix cache.
+pub const PREFIX_CACHE_HEADER: &str = "x-clef-prefix-cache";
+
+/// The document for a server started with `settings`.
+pub fn document(settings: &ServerSettings) -> Value {
+    let mut schemas = Map::new();
+    let request = schema_refs::<SystemOneBody>(SchemaSettings::draft2020_12(), &mut schemas);
+    let serialize = || SchemaSettings::draft2020_12().for_serialize();
+    let decision = schema_refs::<DecisionBody>(serialize(), &mut schemas);
+    let error = schema_refs::<ErrorBody>(serialize(), &mut schemas);
+    let health = schema_refs::<HealthBody>(serialize(), &mut schemas);
+    let models = schema_refs::<ModelList>(serialize(), &mut schemas);
+    discriminate(&mut schemas, "Question");
+    discriminate(&mut schemas, "Answer");
+    // The engine leaves it to the HTTP server, which always sets it.
+    require(&mut schemas, "SystemOneResponse", "latency_ms");
+    apply_limits(&mut schemas, settings);
+
+    let guarded = settings.api_key.is_some();
+    let mut decide_errors = vec![
+        (400, "A compressed body that cannot be decoded."),
+        (
+            404,
+            "The model is not one of the served names (`CLEF_MODEL_NAMES`).",
+        ),
+        (
+            413,
+            "The body is larger than the limit, or the prompt is longer than the token limit \
+             (`type` `max_tokens_exceeded`; send `truncate: true` to cut the state instead).",
+        ),
+        (
+            415,
+            "A Content-Type other than JSON, or a Content-Encoding other than gzip or zstd.",
+        ),
+        (
+            422,
+            "The body is not JSON, or not a valid request; `detail[0].loc` names the field.",
+        ),
+        (
+            500,
+            "The worker failed on this request (the server goes on).",
+        ),
+        (503, "The server is shutting down."),
+    ];
+    if guarded {
+        decide_errors.push((401, "Missing or wrong `Authorization: Bearer <key>`."));
+    }
+    let mut decide_responses = Map::new();
+    decide_responses.insert(
+        "200".into(),
+        json!({
+            "description": "One answer per question.",
+            "headers": {
+                REQUEST_ID_HEADER: request_id_header(),
+                PREFIX_CACHE_HEADER: {
+                    "description": "How this decision used the prefix cache of its worker.",
+                    "required": true,
+                    "schema": {"type": "string", "enum": CacheUse::ALL.map(CacheUse::name)},
+                },
+            },
+            "content": {"application/json": {"schema": decision}},
+        }),
+    );
+    for (status, text) in decide_errors {
+        decide_responses.insert(status.to_string(), error_response(&error, text));
+    }
+    decide_responses.insert(
+        "429".into(),
+        json!({
+            "description": "The queue is full; retry after `Retry-After` seconds.",
+            "headers": {
+                REQUEST_ID_HEADER: request_id_header(),
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "required": true,
+                    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                },
+            },
+            "content": {"application/json": {"schema": error}},
+        }),
+    );
+
+    let mut model_responses = Map::new();
+    model_responses.insert(
+        "200".into(),
+        json!({
+            "description": "The served model under each of its names, with the server's limits.",
+            "headers": {REQUEST_ID_HEADER: request_id_header()},
+            "content": {"application/json": {"schema": models}},
+        }),
+    );
+    if guarded {
+        model_responses.insert(
+            "401".into(),
+            error_response(&error, "Missing or wrong `Authorization: Bearer <key>`."),
+        );
+    }
+    let security = if guarded {
+        json!([{"bearer": []}])
+    } else {
+        json!([])
+    };
+
+    let health_op = |id: &str| {
+        json!({"get": {
+            "operationId": id,
+            "summary": "Readiness: 200 once every worker is warm, 503 before (out of rotation).",
+            "security": [],
+            "responses": {
+                "200": {"description": "Ready.", "headers": {REQUEST_ID_HEADER: request_id_header()},
+                        "content": {"application/json": {"schema": health}}},
+                "503": {"description": "Warming up.", "headers": {REQUEST_ID_HEADER: request_id_header()},
+                        "content": {"application/json": {"schema": health}}},
+            },
+        }})
+    };
+    let mut paths = Map::new();
+    paths.insert(
+        "/v1/systemone".into(),
+        json!({"post": {
+            "operationId": "decide",
+            "summary": "Answer typed questions about a state in one prefill pass.",
+            "description": decide_description(settings),
+            "security": security,
+            "requestBody": {
+                "required": true,
+                "content": {"application/json": {"schema": request}},
+            },
+            "responses": decide_responses,
+        }}),
+    );
+    paths.insert(
+        "/v1/models".into(),
+        json!({"get": {
+            "operationId": "listModels",
+            "summary": "The served model, its device, limits and counters.",
+            "security": security,
+            "responses": model_responses,
+        }}),
+    );
+    paths.insert("/health".into(), health_op("health"));
+    paths.insert("/v1/health".into(), health_op("healthV1"));
+    let mut open_routes = vec![
+        (
+            "/metrics",
+            "metrics",
+            "text/plain",
+            "Prometheus text exposition of requests, queue, tokens, cache and device.",
+            json!({"type": "string"}),
+        ),
+        (
+            "/openapi.json",
+            "openapi",
+            "application/json",
+            "This document (OpenAPI 3.1).",
+            json!({"type": "object"}),
+        ),
+    ];
+    if settings.demo {
+        let text = || json!({"type": "string"});
+        open_routes.extend([
+            ("/", "demoPage", "text/html", "The demo page.", text()),
+            (
+                "/demo/app.js",
+                "demoScript",
+                "text/javascript",
+                "The demo page's script.",
+                text(),
+            ),
+            (
+                "/demo/style.css",
+                "demoStyle",
+                "text/css",
+                "The demo page's styles.",
+                text(),
+            ),
+        ]);
+    }
+    for (path, id, mime, what, schema) in open_routes {
+        paths.insert(
+            path.into(),
+            json!({"get": {
+                "operationId": id,
+                "summary": what,
+                "security": [],
+                "responses": {"200": {"description": what,
+                    "content": {mime: {"schema": schema}}}},
+            }}),
+        );
+    }
+
+    let mut components = json!({"schemas": schemas});
+    if guarded {
+        components["securitySchemes"] = json!({"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "The server's `CLEF_API_KEY`.",
+        }});
+    }
+    json!({
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "info": {
+            "title": "clef-tt",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Cloudflare Clef decision models: a state and typed questions in, a \
+                probability for every allowed option out. Limits in this document are the \
+                ones this server was started with.",
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "paths": paths,
+        "components": components,
+    })
+}
+
+/// A `$ref` to `T`'s schema; `T`'s definitions (and its own) go into `schemas`.
+fn schema_refs<T: JsonSchema>(settings: SchemaSettings, schemas: &mut Map<String, Value>) -> Value {
+    let mut generator = SchemaGenerator::new(settings.with(|s| {
+        s.definitions_path = SCHEMAS.into();
+        s.meta_schema = None;
+    }));
+    let reference = generator.subschema_for::<T>().to_value();
+    for (name, schema) in generator.take_definitions(true) {
+        schemas.entry(name).or_insert(schema);
+    }
+    reference
+}
+
+fn request_id_header() -> Value {
+    json!({
+        "description": "This request's id (also in the log and as `x-typesafe-request-id`).",
+        "required": true,
+        "schema": {"type": "string"},
+    })
+}
+
+fn error_response(error: &Value, description: &str) -> Value {
+    json!({
+        "description": description,
+        "headers": {REQUEST_ID_HEADER: request_id_header()},
+        "content": {"application/json": {"schema": error}},
+    })
+}
+
+fn decide_description(settings: &ServerSettings) -> String {
+    let tokens = match settings.rule {
+        LengthRule::Server {
+            max_state,
+            max_tail,
+            truncate,
+        } => format!(
+            "The state may take {max_state} tokens and the questions {max_tail}; a longer \
+             prompt is {} unless `truncate` says otherwise.",
+            if truncate {
+                "cut to fit"
+            } else {
+                "refused with 413"
+            }
+        ),
+        LengthRule::Reference { max_length } => {
+            format!("Prompts are cut to {max_length} tokens, as the reference does.")
+        }
+    };
+    format!(
+        "Bodies up to {} bytes (after gzip or zstd decoding). {tokens} Every question is \
+         answered jointly with the others.",
+        settings.max_body_bytes
+    )
+}
+
+/// Write the server's limits into the generated schemas.
+fn apply_limits(schemas: &mut Map<String, Value>, settings: &ServerSettings) {
+    let limits = &settings.limits;
+    let set = |schemas: &mut Map<String, Value>, name: &str, pointer: &str, values: Value| {
+        extend(schemas, name, pointer, values)
+    };
+    let id_names = if limits.strict {
+        json!({"minLength": 1, "maxLength": limits.max_id_chars.min(100),
+               "pattern": "^[A-Za-z0-9_.-]+$"})
+    } else {
+        // An empty id is refused unless it has instructions (its text would be empty): the
+        // document asks for an id.
+        json!({"minLength": 1, "maxLength": limits.max_id_chars})
+    };
+    set(
+        schemas,
+        "SystemOneRequest",
+        "/properties/questions",
+        json!({"minProperties": 1, "maxProperties": limits.max_questions,
+               "propertyNames": id_names}),
+    );
+    if !settings.model_names.is_empty() {
+        set(
+            schemas,
+            "SystemOneRequest",
+            "/properties/model",
+            json!({"enum": settings.model_names}),
+        );
+    }
+    let least = if limits.strict { 2 } else { 1 };
+    set(
+        schemas,
+        "ChoiceQuestion",
+        "/properties/criteria",
+        json!({"minProperties": least, "maxProperties": limits.max_choice_options}),
+    );
+    set(
+        schemas,
+        "ScoreQuestion",
+        "/properties/criteria",
+        json!({"minItems": least, "maxItems": limits.max_score_levels}),
+    );
+    if limits.strict {
+        for name in ["NoulQuestion", "ChoiceQuestion", "ScoreQuestion"] {
+            set(
+                schemas,
+                name,
+                "/properties/instructions",
+                json!({"type": "string", "minLength": 1}),
+            );
+            require(schemas, name, "instructions");
+        }
+    }
+    let (images, videos, frames) = match &settings.media {
+        Some(m) => (m.max_images, m.max_videos, m.max_frames),
+        None => (0, 0, 0),
+    };
+    set(
+        schemas,
+        "SystemOneRequest",
+        "/properties/images",
+        json!({"maxItems": images}),
+    );
+    set(
+        schemas,
+        "SystemOneRequest",
+        "/properties/videos",
+        json!({"maxItems": videos}),
+    );
+    set(
+        schemas,
+        "SystemOneRequest",
+        "/properties/videos/items",
+        json!({"minItems": 1, "maxItems": frames}),
+    );
+}
+
+/// Move the `type` tag of each variant of the internally tagged enum `name` into the variant's
+/// own schema and name it as the OpenAPI discriminator, so client generators see
+/// `NoulQuestion { type: "noul", ... }` rather than a bare reference beside a tag.
+fn discriminate(schemas: &mut Map<String, Value>, name: &str) {
+    let Some(variants) = schemas
+        .get_mut(name)
+        .and_then(|s| s.get_mut("oneOf"))
+        .and_then(Value::as_array_mut)
+        .map(std::mem::take)
+    else {
+        return;
+    };
+    let mut mapping = Map::new();
+    let mut refs = Vec::new();
+    for variant in variants {
+        let reference = variant["$ref"].as_str().unwrap_or_default().to_string();
+        let target = reference.rsplit('/').next().unwrap_or_default().to_string();
+        let tag = variant.pointer("/properties/type/const").cloned();
+        if let (Some(Value::String(tag)), Some(schema)) = (tag, schemas.get_mut(&target)) {
+            if let (Some(props), Some(tag_schema)) = (
+                schema.get_mut("properties").and_then(Value::as_object_mut),
+                variant.pointer("/properties/type"),
+            ) {
+                props.insert("type".into(), tag_schema.clone());
+            }
+            mapping.insert(tag, Value::from(reference.clone()));
+            require(schemas, &target, "type");
+        }
+        refs.push(json!({"$ref": reference}));
+    }
+    if let Some(schema) = schemas.get_mut(name) {
+        schema["oneOf"] = Value::Array(refs);
+        schema["discriminator"] = json!({"propertyName": "type", "mapping": mapping});
+    }
+}
+
+/// Add `field` to the `required` list of schema `name`.
+fn require(schemas: &mut Map<String, Value>, name: &str, field: &str) {
+    let Some(schema) = schemas.get_mut(name) else {
+        return;
+    };
+    match schema.get_mut("required").and_then(Value::as_array_mut) {
+        Some(required) => required.push(Value::from(field)),
+        None => schema["required"] = json!([field]),
+    }
+}
+
+/// Merge `values` into the object at `pointer` of schema `name` (a missing target is left
+/// alone: the tests check every limit lands).
+fn extend(schemas: &mut Map<String, Value>, name: &str, pointer: &str, values: Value) {
+    let target = schemas
+        .get_mut(name)
+        .and_then(|s| s.pointer_mut(pointer))
+        .and_then(Value::as_object_mut);
+    if let (Some(target), Value::Object(values)) = (target, values) {
+        target.extend(values);
+    }
+}
