@@ -1,4 +1,5 @@
-//! The HTTP contract on a real server over loopback: every status code of the contract, headers,
+//! The HTTP contract on a real server over loopback: every status code of the contract, headers
+//! (request ids, prefix cache use, the `x-clef-state-key` routing key),
 //! concurrent requests equal to solo answers, a cancelled request not disturbing the next one,
 //! goldens over HTTP equal to the library's answers, and the Rust client `typesafe-jev`
 //! parsing every response.
@@ -12,6 +13,7 @@ use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +48,21 @@ fn goldens_over_http_equal_the_library_answers_with_headers_and_latency() {
             .collect();
         assert_eq!(rid.len(), 2, "{id}: request id headers");
         assert_eq!(rid[0], rid[1]);
+        if status == 200 {
+            // The routing key: SHA-256 of the rendered state (the text itself for text states;
+            // Python's compact sorted json.dumps otherwise).
+            let request: Value = serde_json::from_str(&body).unwrap();
+            let rendered = match &request["state"] {
+                Value::String(text) => text.clone(),
+                other => dumps(other, true),
+            };
+            let want: String = Sha256::digest(rendered.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let key = headers.iter().find(|(k, _)| k == "x-clef-state-key");
+            assert_eq!(key.map(|(_, v)| v.as_str()), Some(want.as_str()), "{id}");
+        }
     }
 }
 

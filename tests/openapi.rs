@@ -95,6 +95,10 @@ fn the_document_is_served_without_the_key_and_every_documented_route_answers_as_
     }
     assert_eq!(decide["429"]["headers"]["Retry-After"]["required"], true);
     assert_eq!(
+        decide["200"]["headers"]["x-clef-state-key"]["schema"]["pattern"],
+        "^[0-9a-f]{64}$"
+    );
+    assert_eq!(
         decide["200"]["headers"]["x-clef-prefix-cache"]["schema"]["enum"],
         serde_json::json!(["off", "uncacheable", "hit", "miss"])
     );

@@ -11,6 +11,7 @@
 
 use super::contract::{DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody};
 use super::server::ServerSettings;
+use crate::encode::state_key::STATE_KEY_HEADER;
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
@@ -81,6 +82,14 @@ pub fn document(settings: &ServerSettings) -> Value {
                     "required": true,
                     "schema": {"type": "string", "enum": CacheUse::ALL.map(CacheUse::name)},
                 },
+                STATE_KEY_HEADER: {
+                    "description": "The server's routing key of this request's state piece: \
+                        SHA-256 (hex) of the rendered state, then a 0x00 byte and each image \
+                        and video frame as sent. Send it back as a request header so a \
+                        balancer hashing it keeps a state on one replica's prefix cache.",
+                    "required": true,
+                    "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                },
             },
             "content": {"application/json": {"schema": decision}},
         }),
@@ -146,6 +155,14 @@ pub fn document(settings: &ServerSettings) -> Value {
             "summary": "Answer typed questions about a state in one prefill pass.",
             "description": decide_description(settings),
             "security": security,
+            "parameters": [{
+                "name": STATE_KEY_HEADER,
+                "in": "header",
+                "required": false,
+                "description": "Any string; load balancers hash it to keep repeats of a state \
+                    on one replica (clef-tt's own clients send the key the server returns).",
+                "schema": {"type": "string"},
+            }],
             "requestBody": {
                 "required": true,
                 "content": {"application/json": {"schema": request}},

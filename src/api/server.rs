@@ -10,6 +10,7 @@ use super::metrics::{Metrics, Snapshot};
 use super::openapi::{self, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
 use super::{parse_body, validate, ApiError, HostLimits};
 use crate::encode::json::dumps;
+use crate::encode::state_key::{state_key, STATE_KEY_HEADER};
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
 use crate::engine::worker::{Engine, Job, SubmitError};
@@ -213,10 +214,18 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     let started = Instant::now();
     let id = state.request_id();
     let (resp, status, tokens) = match decide(&state, request).await {
-        Ok((body, tokens, cache)) => {
+        Ok(Decided {
+            body,
+            tokens,
+            cache,
+            state_key,
+        }) => {
             let mut resp = json_response(200, &body, &id);
-            resp.headers_mut()
-                .insert(PREFIX_CACHE_HEADER, HeaderValue::from_static(cache.name()));
+            let h = resp.headers_mut();
+            h.insert(PREFIX_CACHE_HEADER, HeaderValue::from_static(cache.name()));
+            if let Ok(v) = HeaderValue::from_str(&state_key) {
+                h.insert(STATE_KEY_HEADER, v);
+            }
             (resp, 200, tokens)
         }
         Err(e) => (error_response(&e, &id), e.status, 0),
@@ -227,7 +236,15 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     resp
 }
 
-async fn decide(state: &AppState, request: Request) -> Result<(Value, usize, CacheUse), ApiError> {
+/// A decision's body and what its headers and log line say.
+struct Decided {
+    body: Value,
+    tokens: usize,
+    cache: CacheUse,
+    state_key: String,
+}
+
+async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError> {
     let (parts, body) = request.into_parts();
     check_key(state, &parts.headers)?;
     let limit = state.settings.max_body_bytes;
@@ -271,6 +288,7 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize, Cac
     let bytes = decompress(&encoding, bytes, limit)?;
     let value = parse_body(&bytes)?;
     let request = validate(&value, Some(&state.settings.limits))?;
+    let key = state_key(&request);
     let names = &state.settings.model_names;
     if !names.is_empty() && !names.iter().any(|n| n == &request.model) {
         return Err(ApiError {
@@ -316,7 +334,12 @@ async fn decide(state: &AppState, request: Request) -> Result<(Value, usize, Cac
         .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
     let mut body = decision.response;
     DecisionBody::set_latency_ms(&mut body, decision.model_seconds);
-    Ok((body, decision.record.input_ids.len(), decision.cache))
+    Ok(Decided {
+        body,
+        tokens: decision.record.input_ids.len(),
+        cache: decision.cache,
+        state_key: key,
+    })
 }
 
 /// The body as sent: identity, gzip or zstd (the Python SDK compresses bodies of 1 KiB and

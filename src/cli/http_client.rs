@@ -1,7 +1,10 @@
 //! A blocking HTTP client of a running clef-tt server, for `decide --url` and `bench http`:
-//! posts bodies to `/v1/systemone` with the API key (`CLEF_API_KEY`) when one is set.
+//! posts bodies to `/v1/systemone` with the API key (`CLEF_API_KEY`) when one is set and the
+//! routing key `x-clef-state-key` of each body (`encode::state_key`).
 
 use anyhow::Context;
+use clef_tt::api::{parse_body, validate};
+use clef_tt::encode::state_key::{state_key, STATE_KEY_HEADER};
 use std::time::{Duration, Instant};
 
 /// One answered request.
@@ -44,6 +47,10 @@ impl Client {
             .header("content-type", "application/json");
         if let Some(key) = &self.api_key {
             req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        // The routing key a balancer hashes (deploy/haproxy): the server's digest of the state.
+        if let Ok(request) = parse_body(body).and_then(|v| validate(&v, None)) {
+            req = req.header(STATE_KEY_HEADER, &state_key(&request));
         }
         let t0 = Instant::now();
         let mut resp = req.send(body).with_context(|| format!("POST {url}"))?;

@@ -119,6 +119,7 @@ pub fn post(
         "x-typesafe-request-id",
         "retry-after",
         "x-clef-prefix-cache",
+        "x-clef-state-key",
     ]
     .iter()
     .filter_map(|h| {
