@@ -27,16 +27,17 @@ pub struct SystemOneBody {
     /// The questions by id, answered jointly (answers depend on the set asked together). Ids
     /// appear in the prompt.
     pub questions: IndexMap<String, QuestionBody>,
-    /// Images placed before the state: base64 strings or `data:image/...;base64,` URLs
-    /// (PNG, JPEG or WebP). Needs a model with a vision tower.
+    /// Images placed before the state: base64 strings, `data:image/...;base64,` URLs or
+    /// `{"content_type", "base64"}` objects (PNG, JPEG or WebP). Needs a model with a vision
+    /// tower.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<Vec<ImageString>>")]
-    pub images: Option<Vec<String>>,
+    #[schemars(with = "Option<Vec<ImageInput>>")]
+    pub images: Option<Vec<Value>>,
     /// Videos as lists of frames (each frame as an image), after the images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<Vec<Vec<ImageString>>>")]
-    pub videos: Option<Vec<Vec<String>>>,
-    /// Cut an over-long state to the token limit instead of answering 413 (the server's
+    #[schemars(with = "Option<Vec<Vec<ImageInput>>>")]
+    pub videos: Option<Vec<Vec<Value>>>,
+    /// Cut an over-long state to the token limit instead of answering 422 (the server's
     /// default is in `/v1/models` under `limits.truncate_states`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate: Option<bool>,
@@ -50,6 +51,36 @@ pub struct SystemOneBody {
 )]
 #[allow(dead_code)] // a schema only: images are read as strings
 struct ImageString(String);
+
+/// An image as a string or in Workers AI's object form.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // a schema only: images are read by `request::validate`
+enum ImageInput {
+    Encoded(ImageString),
+    Object(ImageObject),
+}
+
+/// Workers AI's image form.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // a schema only
+struct ImageObject {
+    content_type: ImageContentType,
+    #[schemars(extend("contentEncoding" = "base64"))]
+    base64: String,
+}
+
+#[derive(JsonSchema)]
+#[allow(dead_code)] // a schema only: `request::IMAGE_CONTENT_TYPES`
+enum ImageContentType {
+    #[serde(rename = "image/png")]
+    Png,
+    #[serde(rename = "image/jpeg")]
+    Jpeg,
+    #[serde(rename = "image/webp")]
+    Webp,
+}
 
 /// One question, by `type`.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -242,4 +273,28 @@ pub struct ModelCard {
     pub release_date: String,
     #[serde(flatten)]
     pub details: Map<String, Value>,
+}
+
+/// Workers AI's envelope (the hosted route,
+/// `/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef`): the `/v1/systemone` answer
+/// in `result` with `success` true and no errors, or `result` null, `success` false and the
+/// hosted API's error code.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct WorkersAiEnvelope {
+    #[schemars(with = "Option<DecisionBody>")]
+    pub result: Value,
+    pub success: bool,
+    pub errors: Vec<WorkersAiError>,
+    pub messages: Vec<String>,
+}
+
+/// One hosted error: Workers AI's code and the message.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct WorkersAiError {
+    /// 6003 malformed JSON; 5006 not a request (no questions, unknown type, missing
+    /// field); 5012 a hosted rule (too many questions or images, unknown field, empty
+    /// instructions, bad image); 5021 too long (tokens or bytes); 7000 unknown model; 7003 not
+    /// this account; 10000 authentication; 3040 busy; 5000 server error.
+    pub code: u32,
+    pub message: String,
 }

@@ -5,10 +5,12 @@
 pub mod contract;
 pub mod demo;
 mod error;
+mod intake;
 pub mod metrics;
 pub mod openapi;
 pub mod request;
 pub mod server;
+pub mod workers_ai;
 
 pub use error::ApiError;
 pub use request::{parse_body, validate, HostLimits, Question, QuestionType, SystemOneRequest};

@@ -9,8 +9,11 @@
 //! and not a default one. Paths, status codes and headers are listed here, next to the
 //! constants the routes use.
 
-use super::contract::{DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody};
+use super::contract::{
+    DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody, WorkersAiEnvelope,
+};
 use super::server::ServerSettings;
+use super::workers_ai;
 use crate::encode::state_key::STATE_KEY_HEADER;
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
@@ -50,8 +53,7 @@ pub fn document(settings: &ServerSettings) -> Value {
         ),
         (
             413,
-            "The body is larger than the limit, or the prompt is longer than the token limit \
-             (`type` `max_tokens_exceeded`; send `truncate: true` to cut the state instead).",
+            "The body is larger than the limit (before or after decoding).",
         ),
         (
             415,
@@ -59,7 +61,9 @@ pub fn document(settings: &ServerSettings) -> Value {
         ),
         (
             422,
-            "The body is not JSON, or not a valid request; `detail[0].loc` names the field.",
+            "The body is not JSON, or not a valid request (`detail[0].loc` names the field), \
+             or the prompt is longer than the token limits (`type` `max_tokens_exceeded`; \
+             send `truncate: true` to cut the state instead).",
         ),
         (
             500,
@@ -230,6 +234,8 @@ pub fn document(settings: &ServerSettings) -> Value {
         );
     }
 
+    workers_ai_paths(settings, &mut paths, &mut schemas);
+
     let mut components = json!({"schemas": schemas});
     if guarded {
         components["securitySchemes"] = json!({"bearer": {
@@ -251,6 +257,148 @@ pub fn document(settings: &ServerSettings) -> Value {
         "paths": paths,
         "components": components,
     })
+}
+
+/// Workers AI's route for each served hosted model id, with and without `/client/v4`: the
+/// request schemas again under the hosted rules (`WorkersAi*`: strict, no `truncate` or
+/// `videos`, no unknown fields, the path's body `model`), answers and refusals in the envelope.
+fn workers_ai_paths(
+    settings: &ServerSettings,
+    paths: &mut Map<String, Value>,
+    schemas: &mut Map<String, Value>,
+) {
+    let mut hosted = settings.clone();
+    hosted.limits = workers_ai::hosted_limits(&settings.limits);
+    hosted.model_names.clear();
+    let mut own = Map::new();
+    schema_refs::<SystemOneBody>(SchemaSettings::draft2020_12(), &mut own);
+    discriminate(&mut own, "Question");
+    apply_limits(&mut own, &hosted);
+    if let Some(props) = own
+        .get_mut("SystemOneRequest")
+        .and_then(|s| s.get_mut("properties"))
+        .and_then(Value::as_object_mut)
+    {
+        props.shift_remove("truncate");
+        props.shift_remove("videos");
+    }
+    for name in [
+        "SystemOneRequest",
+        "NoulQuestion",
+        "ChoiceQuestion",
+        "ScoreQuestion",
+    ] {
+        extend(&mut own, name, "", json!({"additionalProperties": false}));
+    }
+    let renamed = Value::Object(own)
+        .to_string()
+        .replace("#/components/schemas/", "#/components/schemas/WorkersAi");
+    if let Ok(Value::Object(own)) = serde_json::from_str::<Value>(&renamed) {
+        for (name, schema) in own {
+            schemas.insert(format!("WorkersAi{name}"), schema);
+        }
+    }
+    let serialize = || SchemaSettings::draft2020_12().for_serialize();
+    let envelope = schema_refs::<WorkersAiEnvelope>(serialize(), schemas);
+    let (success, failure) = (envelope.clone(), envelope);
+
+    let guarded = settings.api_key.is_some();
+    let id_header = json!({
+        "description": "This request's id (also `x-request-id`).",
+        "required": true,
+        "schema": {"type": "string"},
+    });
+    let refusal = |text: &str| {
+        json!({
+            "description": text,
+            "headers": {workers_ai::REQUEST_ID_HEADER: id_header, REQUEST_ID_HEADER: request_id_header()},
+            "content": {"application/json": {"schema": failure}},
+        })
+    };
+    let mut responses = Map::new();
+    responses.insert(
+        "200".into(),
+        json!({
+            "description": "`result` is the `/v1/systemone` answer.",
+            "headers": {
+                workers_ai::REQUEST_ID_HEADER: id_header,
+                REQUEST_ID_HEADER: request_id_header(),
+                STATE_KEY_HEADER: {"required": true, "schema": {"type": "string"}},
+                PREFIX_CACHE_HEADER: {"required": true, "schema": {"type": "string"}},
+            },
+            "content": {"application/json": {"schema": success}},
+        }),
+    );
+    for (status, text) in [
+        (
+            "400",
+            "6003 malformed JSON; 5006 not a request; 7000 unknown model.",
+        ),
+        ("413", "5021: the body or the prompt is too long."),
+        ("415", "6003: not JSON."),
+        (
+            "422",
+            "5012: a hosted rule (count, id, instructions, unknown field, image).",
+        ),
+        ("500", "5000: the worker failed."),
+        ("503", "3040: shutting down."),
+    ] {
+        responses.insert(status.into(), refusal(text));
+    }
+    if guarded {
+        responses.insert(
+            "401".into(),
+            refusal("10000: missing or wrong bearer token."),
+        );
+    }
+    if settings.account_id.is_some() {
+        responses.insert("404".into(), refusal("7003: not this server's account."));
+    }
+    let mut busy = refusal("3040: the queue is full; retry after `Retry-After` seconds.");
+    busy["headers"]["Retry-After"] = json!({"required": true, "schema": {"type": "string"}});
+    responses.insert("429".into(), busy);
+    let account = match &settings.account_id {
+        Some(id) => json!({"type": "string", "enum": [id]}),
+        None => json!({"type": "string", "minLength": 1}),
+    };
+    let names = &settings.model_names;
+    let security = if guarded {
+        json!([{"bearer": []}])
+    } else {
+        json!([])
+    };
+    for prefix in ["/client/v4", ""] {
+        for (model, selector) in workers_ai::MODELS {
+            if !names.is_empty() && !names.iter().any(|n| n == selector) {
+                continue;
+            }
+            let id = format!(
+                "workersAi{}{}",
+                if prefix.is_empty() { "" } else { "V4" },
+                if selector == "clef" {
+                    "Clef"
+                } else {
+                    "ClefFlash"
+                }
+            );
+            paths.insert(
+                format!("{prefix}/accounts/{{account_id}}/ai/run/{model}"),
+                json!({"post": {
+                    "operationId": id,
+                    "summary": format!("Workers AI's {model}: the decision in Cloudflare's envelope."),
+                    "security": security,
+                    "parameters": [{"name": "account_id", "in": "path", "required": true,
+                        "description": "Any account id unless the server sets `CLEF_ACCOUNT_ID`.",
+                        "schema": account}],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                        "allOf": [{"$ref": "#/components/schemas/WorkersAiSystemOneRequest"}],
+                        "properties": {"model": {"type": "string", "const": selector}},
+                    }}}},
+                    "responses": responses,
+                }}),
+            );
+        }
+    }
 }
 
 /// A `$ref` to `T`'s schema; `T`'s definitions (and its own) go into `schemas`.
@@ -294,7 +442,7 @@ fn decide_description(settings: &ServerSettings) -> String {
             if truncate {
                 "cut to fit"
             } else {
-                "refused with 413"
+                "refused with 422 (`max_tokens_exceeded`)"
             }
         ),
         LengthRule::Reference { max_length } => {

@@ -45,7 +45,8 @@ pub struct SystemOneRequest {
     pub truncate: Option<bool>,
     /// Whether `images` or `videos` is non-empty.
     pub has_media: bool,
-    /// `images`: base64 strings or `data:` URLs, as given.
+    /// `images`: base64 strings or `data:` URLs, as given (the hosted `{content_type, base64}`
+    /// form as the data URL it spells).
     pub images: Vec<String>,
     /// `videos`: each a list of frame strings, as given.
     pub videos: Vec<Vec<String>>,
@@ -62,25 +63,55 @@ fn media_error(loc: &[&str], msg: &str) -> ApiError {
     e
 }
 
-/// `images` (absent or null: none): a list of strings.
+/// The image types the hosted form names (`{"content_type", "base64"}`).
+pub const IMAGE_CONTENT_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/webp"];
+
+/// One image or video frame: a base64 string or `data:` URL as given, or the hosted form
+/// `{"content_type": "image/png", "base64": "..."}`, which is read as the data URL it spells.
+fn media_string(value: &Value, loc: &[&str], what: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Object(o) => {
+            let (Some(Value::String(kind)), Some(Value::String(data)), 2) =
+                (o.get("content_type"), o.get("base64"), o.len())
+            else {
+                return Err(media_error(
+                    loc,
+                    &format!(
+                        "{what} object must have exactly \"content_type\" and \"base64\" strings"
+                    ),
+                ));
+            };
+            if !IMAGE_CONTENT_TYPES.contains(&kind.as_str()) {
+                return Err(media_error(
+                    loc,
+                    &format!(
+                        "content_type {kind:?} is not one of {}",
+                        IMAGE_CONTENT_TYPES.join(", ")
+                    ),
+                ));
+            }
+            Ok(format!("data:{kind};base64,{data}"))
+        }
+        _ => Err(media_error(
+            loc,
+            &format!("{what} must be a base64 string, a data: URL or {{content_type, base64}}"),
+        )),
+    }
+}
+
+/// `images` (absent or null: none): a list of images.
 fn media_strings(value: Option<&Value>, field: &str) -> Result<Vec<String>, ApiError> {
     match value {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(list)) => list
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    media_error(
-                        &[field, &i.to_string()],
-                        "an image must be a base64 string or a data: URL",
-                    )
-                })
-            })
+            .map(|(i, v)| media_string(v, &[field, &i.to_string()], "an image"))
             .collect(),
         Some(_) => Err(media_error(
             &[field],
-            "images must be a list of base64 strings or data: URLs",
+            "images must be a list of base64 strings, data: URLs or {content_type, base64}",
         )),
     }
 }
@@ -187,12 +218,11 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
                     .iter()
                     .enumerate()
                     .map(|(k, f)| {
-                        f.as_str().map(str::to_string).ok_or_else(|| {
-                            media_error(
-                                &["videos", &i.to_string(), &k.to_string()],
-                                "a video frame must be a base64 string or a data: URL",
-                            )
-                        })
+                        media_string(
+                            f,
+                            &["videos", &i.to_string(), &k.to_string()],
+                            "a video frame",
+                        )
                     })
                     .collect(),
                 _ => Err(media_error(

@@ -6,16 +6,17 @@
 //! prompts, 500 with a message if the worker fails).
 
 use super::contract::{DecisionBody, HealthBody, HealthStatus, ModelCard, ModelList};
+use super::intake::{check_key, read_json, status_error};
 use super::metrics::{Metrics, Snapshot};
 use super::openapi::{self, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
-use super::{parse_body, validate, ApiError, HostLimits};
+use super::workers_ai;
+use super::{validate, ApiError, HostLimits, SystemOneRequest};
 use crate::encode::json::dumps;
 use crate::encode::state_key::{state_key, STATE_KEY_HEADER};
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
 use crate::engine::worker::{Engine, Job, SubmitError};
 use crate::media::MediaLimits;
-use axum::body::{to_bytes, Body};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -65,6 +66,8 @@ pub struct ServerSettings {
     pub device: Option<DeviceProbe>,
     /// Bounds on images and videos; `None` when the model has no vision tower.
     pub media: Option<MediaLimits>,
+    /// `CLEF_ACCOUNT_ID`: the only account id the Workers AI route accepts (`None`: any).
+    pub account_id: Option<String>,
 }
 
 /// Shared state of the routes.
@@ -92,7 +95,7 @@ impl AppState {
         })
     }
 
-    fn request_id(&self) -> String {
+    pub(super) fn request_id(&self) -> String {
         format!("req_{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
@@ -128,7 +131,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     } else {
         Router::new()
     };
-    demo.route("/v1/systemone", post(systemone))
+    let hosted = workers_ai::ROUTES
+        .iter()
+        .fold(demo, |r, path| r.route(path, post(workers_ai::run_model)));
+    hosted
+        .route("/v1/systemone", post(systemone))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/v1/health", get(health))
@@ -140,7 +147,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
+pub(super) fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
     let mut resp = (
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         dumps(body, false),
@@ -159,7 +166,7 @@ fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
 }
 
 /// Seconds a client is told to wait after a 429.
-const RETRY_AFTER_SECONDS: &str = "1";
+pub(super) const RETRY_AFTER_SECONDS: &str = "1";
 
 fn error_response(e: &ApiError, request_id: &str) -> Response {
     let mut resp = json_response(e.status, &e.body(), request_id);
@@ -170,44 +177,6 @@ fn error_response(e: &ApiError, request_id: &str) -> Response {
         );
     }
     resp
-}
-
-fn status_error(status: u16, msg: impl Into<String>, kind: &str) -> ApiError {
-    ApiError {
-        status,
-        loc: vec![],
-        msg: msg.into(),
-        kind: kind.to_string(),
-    }
-}
-
-/// Constant-time comparison of the bearer key (no early exit on the first differing byte).
-fn key_matches(given: &[u8], expected: &[u8]) -> bool {
-    let mut diff = (given.len() ^ expected.len()) as u8;
-    for (i, e) in expected.iter().enumerate() {
-        diff |= e ^ given.get(i).copied().unwrap_or(0);
-    }
-    diff == 0 && given.len() == expected.len()
-}
-
-fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.settings.api_key else {
-        return Ok(());
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if key_matches(given.trim().as_bytes(), key.as_bytes()) {
-        Ok(())
-    } else {
-        Err(status_error(
-            401,
-            "missing or invalid API key (Authorization: Bearer <key>)",
-            "authentication_error",
-        ))
-    }
 }
 
 async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -237,58 +206,16 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
 }
 
 /// A decision's body and what its headers and log line say.
-struct Decided {
-    body: Value,
-    tokens: usize,
-    cache: CacheUse,
-    state_key: String,
+pub(super) struct Decided {
+    pub body: Value,
+    pub tokens: usize,
+    pub cache: CacheUse,
+    pub state_key: String,
 }
 
 async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError> {
-    let (parts, body) = request.into_parts();
-    check_key(state, &parts.headers)?;
-    let limit = state.settings.max_body_bytes;
-    let too_large = || {
-        status_error(
-            413,
-            format!("the request body is larger than {limit} bytes"),
-            "request_too_large",
-        )
-    };
-    if let Some(len) = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > limit {
-            return Err(too_large());
-        }
-    }
-    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-        let mime = ct.split(';').next().unwrap_or("").trim();
-        if !(mime == "application/json" || mime.ends_with("+json")) {
-            return Err(status_error(
-                415,
-                format!("Content-Type must be application/json, not {mime:?}"),
-                "unsupported_media_type",
-            ));
-        }
-    }
-    let encoding = parts
-        .headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
-        .unwrap_or_default();
-    let bytes = to_bytes(Body::new(body), limit)
-        .await
-        .map_err(|_| too_large())?;
-    // The limit applies after decompression too.
-    let bytes = decompress(&encoding, bytes, limit)?;
-    let value = parse_body(&bytes)?;
+    let value = read_json(state, request).await?;
     let request = validate(&value, Some(&state.settings.limits))?;
-    let key = state_key(&request);
     let names = &state.settings.model_names;
     if !names.is_empty() && !names.iter().any(|n| n == &request.model) {
         return Err(ApiError {
@@ -302,6 +229,12 @@ async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError>
             kind: "model_not_found".into(),
         });
     }
+    run(state, request).await
+}
+
+/// Queue a validated request and wait for its answer (429 when the queue is full).
+pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<Decided, ApiError> {
+    let key = state_key(&request);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
         request,
@@ -340,51 +273,6 @@ async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError>
         cache: decision.cache,
         state_key: key,
     })
-}
-
-/// The body as sent: identity, gzip or zstd (the Python SDK compresses bodies of 1 KiB and
-/// more with zstd when it can), at most `limit` bytes once decoded.
-fn decompress(
-    encoding: &str,
-    bytes: axum::body::Bytes,
-    limit: usize,
-) -> Result<axum::body::Bytes, ApiError> {
-    use std::io::Read;
-    let bad = |e: String| {
-        status_error(
-            400,
-            format!("the {encoding} body cannot be decoded: {e}"),
-            "invalid_body",
-        )
-    };
-    let decoded: Box<dyn Read> = match encoding {
-        "" | "identity" => return Ok(bytes),
-        "gzip" | "x-gzip" => Box::new(flate2::read::GzDecoder::new(std::io::Cursor::new(bytes))),
-        "zstd" => Box::new(
-            ruzstd::decoding::StreamingDecoder::new(std::io::Cursor::new(bytes))
-                .map_err(|e| bad(e.to_string()))?,
-        ),
-        other => {
-            return Err(status_error(
-                415,
-                format!("Content-Encoding {other:?} is not supported (gzip, zstd or none)"),
-                "unsupported_media_type",
-            ))
-        }
-    };
-    let mut out = Vec::new();
-    decoded
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| bad(e.to_string()))?;
-    if out.len() > limit {
-        return Err(status_error(
-            413,
-            format!("the decoded request body is larger than {limit} bytes"),
-            "request_too_large",
-        ));
-    }
-    Ok(out.into())
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -489,17 +377,4 @@ async fn not_found(State(state): State<Arc<AppState>>) -> Response {
 
 fn route_error(state: &AppState, status: u16, msg: &str, kind: &str) -> Response {
     error_response(&status_error(status, msg, kind), &state.request_id())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::key_matches;
-
-    #[test]
-    fn key_comparison() {
-        assert!(key_matches(b"secret", b"secret"));
-        assert!(!key_matches(b"secreT", b"secret"));
-        assert!(!key_matches(b"secret1", b"secret"));
-        assert!(!key_matches(b"", b"secret"));
-    }
 }

@@ -255,6 +255,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <key>` on everything but /health.
     #[arg(long, env = "CLEF_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// The account id the Workers AI route (`/client/v4/accounts/{id}/ai/run/...`) accepts;
+    /// unset accepts any.
+    #[arg(long, env = "CLEF_ACCOUNT_ID")]
+    pub account_id: Option<String>,
     /// Comma-separated model names to serve; unset accepts and echoes any name.
     #[arg(long, env = "CLEF_MODEL_NAMES", value_delimiter = ',')]
     pub model_names: Vec<String>,

@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub max_queue: usize,
     pub rule: LengthRule,
     pub api_key: Option<String>,
+    /// The only account id the Workers AI route accepts.
+    pub account_id: Option<String>,
     pub model_names: Vec<String>,
     pub warmup: bool,
     pub strict: bool,
@@ -72,6 +74,7 @@ impl ServeOptions {
             max_queue: a.max_queue,
             rule: a.limits.rule(),
             api_key: a.api_key,
+            account_id: a.account_id,
             model_names: a
                 .model_names
                 .into_iter()
@@ -190,6 +193,7 @@ fn server_settings(
         card,
         device,
         media: ckpt.config.vision.is_some().then(|| o.media_limits.clone()),
+        account_id: o.account_id.clone().filter(|a| !a.is_empty()),
     }
 }
 
@@ -262,6 +266,15 @@ fn card(
             "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
             "max_id_chars": limits.max_id_chars, "strict": limits.strict,
             "media": media_card(&o.media_limits, ckpt.config.vision.is_some()),
+        },
+        "workers_ai": {
+            "routes": clef_tt::api::workers_ai::ROUTES,
+            "models": clef_tt::api::workers_ai::MODELS
+                .iter()
+                .filter(|(_, s)| o.model_names.is_empty() || o.model_names.iter().any(|n| n == s))
+                .map(|(id, _)| *id)
+                .collect::<Vec<_>>(),
+            "account_id": o.account_id,
         },
         "prefix_cache": {
             "slots_per_worker": cache.config.slots,
@@ -449,6 +462,7 @@ mod tests {
                 truncate: false,
             },
             api_key: None,
+            account_id: None,
             model_names: vec![],
             warmup: false,
             strict: false,

@@ -6,8 +6,9 @@
 //! digits, over the UTF-8 bytes of the rendered state — a string state as it is; any other
 //! JSON value as Python's `json.dumps(state, ensure_ascii=False, separators=(",", ":"),
 //! sort_keys=True)` prints it — followed, for every image and then every video frame in the
-//! request's order, by one 0x00 byte and the image string as sent. A text-only request's key is
-//! `sha256(state)` of its text.
+//! request's order, by one 0x00 byte and the image string as sent (an image sent as
+//! `{"content_type", "base64"}` counts as the data URL `data:<content_type>;base64,<base64>`).
+//! A text-only request's key is `sha256(state)` of its text.
 
 use super::render;
 use crate::api::SystemOneRequest;

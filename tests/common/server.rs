@@ -42,6 +42,7 @@ pub fn settings() -> ServerSettings {
         card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
         device: None,
         media: Some(MediaLimits::default()),
+        account_id: None,
     }
 }
 

@@ -1,0 +1,292 @@
+//! Workers AI's Clef endpoint, so tooling written for the hosted API runs against clef-tt with
+//! only its base URL changed: `POST /client/v4/accounts/{account_id}/ai/run/{model}` and the
+//! same path without `/client/v4`, for `@cf/cloudflare/clef` and `@cf/cloudflare/clef-flash`
+//! (both the served model, unless `CLEF_MODEL_NAMES` leaves one out).
+//!
+//! The answer is the `/v1/systemone` body inside Cloudflare's envelope, `{"result", "success",
+//! "errors", "messages"}`; a refusal is `{"result": null, "success": false, "errors": [{"code",
+//! "message"}]}` with the status and code the hosted API uses (see [`refusal`]). The body is
+//! held to the hosted rules: `--strict` (instructions required, ids `[A-Za-z0-9_.-]{1,100}`,
+//! 2+ options and levels, at most 64 questions, 255 options, 10 levels) and no field the hosted
+//! API does not know (`truncate`, `videos` and unknown keys in a question are refused). Any
+//! account id is accepted unless `CLEF_ACCOUNT_ID` is set; the bearer token is `CLEF_API_KEY`
+//! (any token when none is set). The request id is also in `cf-ai-req-id`.
+
+use super::contract::{WorkersAiEnvelope, WorkersAiError};
+use super::intake::{check_key, read_json};
+use super::server::{json_response, run, AppState, Decided, RETRY_AFTER_SECONDS};
+use super::{validate, ApiError, HostLimits};
+use crate::encode::state_key::STATE_KEY_HEADER;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The hosted model ids and the body `model` each expects.
+pub const MODELS: [(&str, &str); 2] = [
+    ("@cf/cloudflare/clef", "clef"),
+    ("@cf/cloudflare/clef-flash", "clef-flash"),
+];
+
+/// The route, with and without the API's `/client/v4` prefix (`model` holds slashes).
+pub const ROUTES: [&str; 2] = [
+    "/client/v4/accounts/{account_id}/ai/run/{*model}",
+    "/accounts/{account_id}/ai/run/{*model}",
+];
+
+/// The request id header Workers AI answers with.
+pub const REQUEST_ID_HEADER: &str = "cf-ai-req-id";
+
+/// Workers AI's error codes (spec/systemone-api.md §1.5).
+mod code {
+    pub const MALFORMED: u32 = 6003;
+    pub const NOT_A_REQUEST: u32 = 5006;
+    pub const HOSTED_RULE: u32 = 5012;
+    pub const TOO_LONG: u32 = 5021;
+    pub const UNKNOWN_MODEL: u32 = 7000;
+    pub const WRONG_ACCOUNT: u32 = 7003;
+    pub const AUTHENTICATION: u32 = 10000;
+    pub const BUSY: u32 = 3040;
+    pub const SERVER: u32 = 5000;
+}
+
+/// Top-level fields the hosted API knows, and a question's.
+const BODY_FIELDS: [&str; 4] = ["model", "state", "questions", "images"];
+const QUESTION_FIELDS: [&str; 3] = ["type", "instructions", "criteria"];
+
+/// A refusal as the hosted API gives it.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: u32,
+    pub message: String,
+}
+
+/// The hosted status and code of an error. `structural` marks the reference's own checks of
+/// the body's shape (no questions, an unknown type, a missing field: 400/5006 there), as
+/// against the hosted rules (422/5012). The table, Workers AI's codes of
+/// spec/systemone-api.md §1.5: malformed JSON 400/6003; not a request 400/5006; a hosted rule
+/// 422/5012; too long (tokens or bytes) 413/5021; unknown model 400/7000; another account
+/// 404/7003; authentication 401/10000; busy 429/3040 (503/3040 shutting down); else 500/5000.
+pub fn refusal(e: &ApiError, structural: bool) -> Refusal {
+    // Images are the hosted rules' (count, form, content): 5012 however they fail.
+    let media = matches!(
+        e.loc.get(1).and_then(Value::as_str),
+        Some("images" | "videos")
+    );
+    let structural = structural && !media;
+    let (status, code) = match e.kind.as_str() {
+        "json_invalid" | "invalid_body" => (400, code::MALFORMED),
+        "unsupported_media_type" => (415, code::MALFORMED),
+        "max_tokens_exceeded" | "request_too_large" => (413, code::TOO_LONG),
+        "authentication_error" => (401, code::AUTHENTICATION),
+        "rate_limit_exceeded" => (429, code::BUSY),
+        "unavailable" => (503, code::BUSY),
+        _ if e.status == 422 && structural => (400, code::NOT_A_REQUEST),
+        _ if e.status == 422 => (422, code::HOSTED_RULE),
+        _ => (e.status.max(500), code::SERVER),
+    };
+    let field: Vec<String> = e
+        .loc
+        .iter()
+        .skip(1)
+        .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_string))
+        .collect();
+    let message = match field.is_empty() {
+        true => e.msg.clone(),
+        false => format!("{}: {}", field.join("."), e.msg),
+    };
+    Refusal {
+        status,
+        code,
+        message,
+    }
+}
+
+fn refuse(status: u16, code: u32, message: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+/// `POST .../accounts/{account_id}/ai/run/{model}`.
+pub async fn run_model(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Response {
+    let started = Instant::now();
+    let id = state.request_id();
+    let (mut resp, status, tokens) = match decide(&state, path, request).await {
+        Ok(decided) => {
+            let envelope = WorkersAiEnvelope {
+                result: decided.body,
+                success: true,
+                errors: vec![],
+                messages: vec![],
+            };
+            let body = serde_json::to_value(envelope).unwrap_or(Value::Null);
+            let mut resp = json_response(200, &body, &id);
+            let h = resp.headers_mut();
+            h.insert(
+                super::openapi::PREFIX_CACHE_HEADER,
+                HeaderValue::from_static(decided.cache.name()),
+            );
+            if let Ok(v) = HeaderValue::from_str(&decided.state_key) {
+                h.insert(STATE_KEY_HEADER, v);
+            }
+            (resp, 200, decided.tokens)
+        }
+        Err(r) => (failure(&r, &id), r.status, 0),
+    };
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    state.metrics.record("/ai/run", status, secs);
+    tracing::info!(id = %id, status, tokens, ms = (secs * 1e3) as u64, "workers_ai");
+    resp
+}
+
+fn failure(r: &Refusal, id: &str) -> Response {
+    let envelope = WorkersAiEnvelope {
+        result: Value::Null,
+        success: false,
+        errors: vec![WorkersAiError {
+            code: r.code,
+            message: r.message.clone(),
+        }],
+        messages: vec![],
+    };
+    let body = serde_json::to_value(envelope).unwrap_or(Value::Null);
+    let mut resp = json_response(r.status, &body, id);
+    if r.status == 429 {
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    resp
+}
+
+async fn decide(
+    state: &AppState,
+    path: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Result<Decided, Refusal> {
+    check_key(state, request.headers()).map_err(|e| refusal(&e, false))?;
+    let Path((account, model)) = path.map_err(|e| {
+        refuse(
+            400,
+            code::UNKNOWN_MODEL,
+            format!("No route for that URI: {e}"),
+        )
+    })?;
+    if let Some(want) = &state.settings.account_id {
+        if &account != want {
+            return Err(refuse(
+                404,
+                code::WRONG_ACCOUNT,
+                format!(
+                    "Could not route to account {account:?}: this server serves account {want:?}"
+                ),
+            ));
+        }
+    }
+    let selector = served_selector(state, &model)?;
+    let value = read_json(state, request)
+        .await
+        .map_err(|e| refusal(&e, false))?;
+    validate(&value, None).map_err(|e| refusal(&e, true))?;
+    unknown_fields(&value)?;
+    let body_model = value["model"].as_str().unwrap_or_default().trim();
+    if body_model != selector {
+        return Err(refuse(
+            422,
+            code::HOSTED_RULE,
+            format!(
+                "model: {body_model:?} does not match the path's {model} (send \"{selector}\")"
+            ),
+        ));
+    }
+    let request = validate(&value, Some(&hosted_limits(&state.settings.limits)))
+        .map_err(|e| refusal(&e, false))?;
+    run(state, request).await.map_err(|e| refusal(&e, false))
+}
+
+/// The body `model` of a hosted model id this server serves.
+fn served_selector(state: &AppState, model: &str) -> Result<&'static str, Refusal> {
+    let names = &state.settings.model_names;
+    MODELS
+        .iter()
+        .find(|(id, selector)| {
+            *id == model.trim_start_matches('/')
+                && (names.is_empty() || names.iter().any(|n| n == selector))
+        })
+        .map(|(_, selector)| *selector)
+        .ok_or_else(|| {
+            let served: Vec<&str> = MODELS
+                .iter()
+                .filter(|(_, s)| names.is_empty() || names.iter().any(|n| n == s))
+                .map(|(id, _)| *id)
+                .collect();
+            refuse(
+                400,
+                code::UNKNOWN_MODEL,
+                format!(
+                    "No such model {model:?}; served here: {}",
+                    served.join(", ")
+                ),
+            )
+        })
+}
+
+/// The server's limits, no looser than the hosted API's.
+pub fn hosted_limits(limits: &HostLimits) -> HostLimits {
+    HostLimits {
+        max_questions: limits.max_questions.min(64),
+        max_choice_options: limits.max_choice_options.min(255),
+        max_score_levels: limits.max_score_levels.min(10),
+        max_id_chars: limits.max_id_chars.min(100),
+        strict: true,
+    }
+}
+
+/// Fields the hosted API refuses (422/5012), at the top level and in questions.
+fn unknown_fields(body: &Value) -> Result<(), Refusal> {
+    let unknown = |field: String| {
+        refuse(
+            422,
+            code::HOSTED_RULE,
+            format!(
+                "{field}: an unknown field (the hosted API accepts only the documented fields)"
+            ),
+        )
+    };
+    let Value::Object(top) = body else {
+        return Ok(());
+    };
+    if let Some(k) = top.keys().find(|k| !BODY_FIELDS.contains(&k.as_str())) {
+        return Err(unknown(k.clone()));
+    }
+    for (id, q) in top["questions"].as_object().into_iter().flatten() {
+        let Value::Object(q) = q else { continue };
+        if let Some(k) = q.keys().find(|k| !QUESTION_FIELDS.contains(&k.as_str())) {
+            return Err(unknown(format!("questions.{id}.{k}")));
+        }
+        if let (Some(Value::String(t)), Some(Value::Object(c))) = (q.get("type"), q.get("criteria"))
+        {
+            if t == "noul" {
+                if let Some(k) = c.keys().find(|k| *k != "true" && *k != "false") {
+                    return Err(unknown(format!("questions.{id}.criteria.{k}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
