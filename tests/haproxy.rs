@@ -155,7 +155,9 @@ fn send(url: &str, body: &str, key: Option<&str>) -> Result<Reply, ureq::Error> 
         header("x-clef-prefix-cache"),
         header("x-clef-state-key"),
     );
-    let mut answer: Value = serde_json::from_str(&r.body_mut().read_to_string()?).unwrap();
+    // HAProxy's own refusals are HTML: keep them as text for the assertion to show.
+    let text = r.body_mut().read_to_string()?;
+    let mut answer: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
     if let Some(o) = answer.as_object_mut() {
         o.remove("latency_ms");
     }
@@ -332,7 +334,12 @@ fn replicas_behind_haproxy_keep_states_on_their_prefix_caches_and_survive_a_kill
                 assert_eq!(r.answer, solo[s], "an answer changed under the kill");
             }
             429 => busy += 1,
-            other => panic!("status {other} under the kill"),
+            other => panic!(
+                "status {other} under the kill from {:?}: {}\n{}",
+                r.replica,
+                r.answer,
+                std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default()
+            ),
         }
         if *after_kill && r.status == 200 {
             let was = &home[s.as_str()];

@@ -15,6 +15,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The request id every JSON answer carries (also as `x-typesafe-request-id`).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// How a decision used the prefix cache.
+pub const PREFIX_CACHE_HEADER: &str = "x-clef-prefix-cache";
+
 /// `POST /v1/systemone`: a state and the questions to answer about it, in one pass.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "SystemOneRequest")]

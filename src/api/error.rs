@@ -35,6 +35,16 @@ impl ApiError {
         Self::invalid(loc, msg, "value_error")
     }
 
+    /// An error of the whole request (no field at fault).
+    pub fn status(status: u16, msg: impl Into<String>, kind: &str) -> Self {
+        ApiError {
+            status,
+            loc: vec![],
+            msg: msg.into(),
+            kind: kind.to_string(),
+        }
+    }
+
     /// A 500 for a failure on our side.
     pub fn internal(msg: impl Into<String>) -> Self {
         ApiError {

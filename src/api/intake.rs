@@ -2,7 +2,7 @@
 //! bearer key (401), the byte limit before and after gzip/zstd decoding (413), the content type
 //! and encoding (415, 400 for an undecodable body), and JSON (422).
 
-use super::server::AppState;
+use super::state::ServerSettings;
 use super::{parse_body, ApiError};
 use axum::body::{to_bytes, Body};
 use axum::extract::Request;
@@ -11,12 +11,15 @@ use serde_json::Value;
 
 /// The JSON body of a decision request: the key, then the byte limit, content type and
 /// encoding, then JSON.
-pub(super) async fn read_json(state: &AppState, request: Request) -> Result<Value, ApiError> {
+pub(super) async fn read_json(
+    settings: &ServerSettings,
+    request: Request,
+) -> Result<Value, ApiError> {
     let (parts, body) = request.into_parts();
-    check_key(state, &parts.headers)?;
-    let limit = state.settings.max_body_bytes;
+    check_key(settings, &parts.headers)?;
+    let limit = settings.max_body_bytes;
     let too_large = || {
-        status_error(
+        ApiError::status(
             413,
             format!("the request body is larger than {limit} bytes"),
             "request_too_large",
@@ -36,7 +39,7 @@ pub(super) async fn read_json(state: &AppState, request: Request) -> Result<Valu
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let mime = ct.split(';').next().unwrap_or("").trim();
         if !(mime == "application/json" || mime.ends_with("+json")) {
-            return Err(status_error(
+            return Err(ApiError::status(
                 415,
                 format!("Content-Type must be application/json, not {mime:?}"),
                 "unsupported_media_type",
@@ -56,15 +59,6 @@ pub(super) async fn read_json(state: &AppState, request: Request) -> Result<Valu
     parse_body(&bytes)
 }
 
-pub(super) fn status_error(status: u16, msg: impl Into<String>, kind: &str) -> ApiError {
-    ApiError {
-        status,
-        loc: vec![],
-        msg: msg.into(),
-        kind: kind.to_string(),
-    }
-}
-
 /// Constant-time comparison of the bearer key (no early exit on the first differing byte).
 fn key_matches(given: &[u8], expected: &[u8]) -> bool {
     let mut diff = (given.len() ^ expected.len()) as u8;
@@ -74,8 +68,8 @@ fn key_matches(given: &[u8], expected: &[u8]) -> bool {
     diff == 0 && given.len() == expected.len()
 }
 
-pub(super) fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.settings.api_key else {
+pub(super) fn check_key(settings: &ServerSettings, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &settings.api_key else {
         return Ok(());
     };
     let given = headers
@@ -86,7 +80,7 @@ pub(super) fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), Api
     if key_matches(given.trim().as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
-        Err(status_error(
+        Err(ApiError::status(
             401,
             "missing or invalid API key (Authorization: Bearer <key>)",
             "authentication_error",
@@ -103,7 +97,7 @@ fn decompress(
 ) -> Result<axum::body::Bytes, ApiError> {
     use std::io::Read;
     let bad = |e: String| {
-        status_error(
+        ApiError::status(
             400,
             format!("the {encoding} body cannot be decoded: {e}"),
             "invalid_body",
@@ -117,7 +111,7 @@ fn decompress(
                 .map_err(|e| bad(e.to_string()))?,
         ),
         other => {
-            return Err(status_error(
+            return Err(ApiError::status(
                 415,
                 format!("Content-Encoding {other:?} is not supported (gzip, zstd or none)"),
                 "unsupported_media_type",
@@ -130,7 +124,7 @@ fn decompress(
         .read_to_end(&mut out)
         .map_err(|e| bad(e.to_string()))?;
     if out.len() > limit {
-        return Err(status_error(
+        return Err(ApiError::status(
             413,
             format!("the decoded request body is larger than {limit} bytes"),
             "request_too_large",

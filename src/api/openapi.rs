@@ -11,8 +11,9 @@
 
 use super::contract::{
     DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody, WorkersAiEnvelope,
+    PREFIX_CACHE_HEADER, REQUEST_ID_HEADER,
 };
-use super::server::ServerSettings;
+use super::state::ServerSettings;
 use super::workers_ai;
 use crate::encode::state_key::STATE_KEY_HEADER;
 use crate::encode::LengthRule;
@@ -23,11 +24,6 @@ use serde_json::{json, Map, Value};
 
 /// Where schemas live in the document.
 const SCHEMAS: &str = "/components/schemas";
-
-/// The request id every JSON answer carries (also as `x-typesafe-request-id`).
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// How a decision used the prefix cache.
-pub const PREFIX_CACHE_HEADER: &str = "x-clef-prefix-cache";
 
 /// The document for a server started with `settings`.
 pub fn document(settings: &ServerSettings) -> Value {

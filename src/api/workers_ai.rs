@@ -14,9 +14,8 @@
 
 use super::contract::{WorkersAiEnvelope, WorkersAiError};
 use super::intake::{check_key, read_json};
-use super::server::{json_response, run, AppState, Decided, RETRY_AFTER_SECONDS};
+use super::state::{json_response, run, AppState, Decided, RETRY_AFTER_SECONDS};
 use super::{validate, ApiError, HostLimits};
-use crate::encode::state_key::STATE_KEY_HEADER;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue};
@@ -123,23 +122,16 @@ pub async fn run_model(
     let started = Instant::now();
     let id = state.request_id();
     let (mut resp, status, tokens) = match decide(&state, path, request).await {
-        Ok(decided) => {
+        Ok(mut decided) => {
             let envelope = WorkersAiEnvelope {
-                result: decided.body,
+                result: std::mem::take(&mut decided.body),
                 success: true,
                 errors: vec![],
                 messages: vec![],
             };
             let body = serde_json::to_value(envelope).unwrap_or(Value::Null);
             let mut resp = json_response(200, &body, &id);
-            let h = resp.headers_mut();
-            h.insert(
-                super::openapi::PREFIX_CACHE_HEADER,
-                HeaderValue::from_static(decided.cache.name()),
-            );
-            if let Ok(v) = HeaderValue::from_str(&decided.state_key) {
-                h.insert(STATE_KEY_HEADER, v);
-            }
+            decided.add_headers(&mut resp);
             (resp, 200, decided.tokens)
         }
         Err(r) => (failure(&r, &id), r.status, 0),
@@ -179,7 +171,7 @@ async fn decide(
     path: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Result<Decided, Refusal> {
-    check_key(state, request.headers()).map_err(|e| refusal(&e, false))?;
+    check_key(&state.settings, request.headers()).map_err(|e| refusal(&e, false))?;
     let Path((account, model)) = path.map_err(|e| {
         refuse(
             400,
@@ -199,7 +191,7 @@ async fn decide(
         }
     }
     let selector = served_selector(state, &model)?;
-    let value = read_json(state, request)
+    let value = read_json(&state.settings, request)
         .await
         .map_err(|e| refusal(&e, false))?;
     validate(&value, None).map_err(|e| refusal(&e, true))?;

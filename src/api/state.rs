@@ -1,0 +1,209 @@
+//! What every route shares: the server's settings, the state behind the routes (engine,
+//! metrics, request ids), JSON answers with their headers, and running a validated decision
+//! through the queue (`run`), for `/v1/systemone` and the Workers AI route alike.
+
+use super::contract::{DecisionBody, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
+use super::metrics::{Metrics, Snapshot};
+use super::{ApiError, HostLimits, SystemOneRequest};
+use crate::encode::json::dumps;
+use crate::encode::state_key::{state_key, STATE_KEY_HEADER};
+use crate::encode::LengthRule;
+use crate::engine::prefix_cache::CacheUse;
+use crate::engine::worker::{Engine, Job, SubmitError};
+use crate::media::MediaLimits;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use clef_device::DeviceUsage;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Reads the device memory and live tensors of every worker's mesh (for backends that track
+/// them), for `/v1/models` and `/metrics`.
+#[derive(Clone)]
+pub struct DeviceProbe(Arc<dyn Fn() -> Vec<DeviceUsage> + Send + Sync>);
+
+impl DeviceProbe {
+    pub fn new(f: impl Fn() -> Vec<DeviceUsage> + Send + Sync + 'static) -> Self {
+        DeviceProbe(Arc::new(f))
+    }
+
+    pub fn read(&self) -> Vec<DeviceUsage> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for DeviceProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceProbe")
+    }
+}
+
+/// What the routes need to know besides the engine.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub api_key: Option<String>,
+    /// `CLEF_MODEL_NAMES`; empty = any name is accepted and echoed.
+    pub model_names: Vec<String>,
+    pub max_body_bytes: usize,
+    pub rule: LengthRule,
+    pub limits: HostLimits,
+    /// The `/v1/models` card of the served model.
+    pub card: Value,
+    /// Serve the browser demo page at `/` (`CLEF_DEMO`).
+    pub demo: bool,
+    /// The workers' device usage, where the backend reports it.
+    pub device: Option<DeviceProbe>,
+    /// Bounds on images and videos; `None` when the model has no vision tower.
+    pub media: Option<MediaLimits>,
+    /// `CLEF_ACCOUNT_ID`: the only account id the Workers AI route accepts (`None`: any).
+    pub account_id: Option<String>,
+}
+
+/// Shared state of the routes.
+pub struct AppState {
+    pub engine: Engine,
+    pub settings: ServerSettings,
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, settings: ServerSettings) -> Arc<Self> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Arc::new(AppState {
+            engine,
+            settings,
+            metrics: Metrics::default(),
+            next_id: AtomicU64::new(seed << 16),
+        })
+    }
+
+    pub(super) fn request_id(&self) -> String {
+        format!("req_{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let s = &self.engine.stats;
+        Snapshot {
+            queued: s.queued.load(Ordering::SeqCst),
+            running: s.running.load(Ordering::SeqCst),
+            workers_ready: s.ready.load(Ordering::SeqCst),
+            workers: self.engine.workers,
+            tokens: s.tokens.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
+            cancelled: s.cancelled.load(Ordering::Relaxed),
+            panics: s.panics.load(Ordering::Relaxed),
+            cache_hits: s.prefix_cache.hits.load(Ordering::Relaxed),
+            cache_misses: s.prefix_cache.misses.load(Ordering::Relaxed),
+            cache_evictions: s.prefix_cache.evictions.load(Ordering::Relaxed),
+            cache_bytes: s.prefix_cache.bytes.load(Ordering::Relaxed),
+            device: self
+                .settings
+                .device
+                .as_ref()
+                .map(DeviceProbe::read)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+pub(super) fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
+    let mut resp = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        dumps(body, false),
+    )
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert(REQUEST_ID_HEADER, v.clone());
+        h.insert("x-typesafe-request-id", v);
+    }
+    resp
+}
+
+/// Seconds a client is told to wait after a 429.
+pub(super) const RETRY_AFTER_SECONDS: &str = "1";
+
+pub(super) fn error_response(e: &ApiError, request_id: &str) -> Response {
+    let mut resp = json_response(e.status, &e.body(), request_id);
+    if e.status == 429 {
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    resp
+}
+
+/// A decision's body and what its headers and log line say.
+pub(super) struct Decided {
+    pub body: Value,
+    pub tokens: usize,
+    pub cache: CacheUse,
+    pub state_key: String,
+}
+
+impl Decided {
+    /// The headers of a decision's 200: how it used the prefix cache, its routing key.
+    pub(super) fn add_headers(&self, resp: &mut Response) {
+        let h = resp.headers_mut();
+        h.insert(
+            PREFIX_CACHE_HEADER,
+            HeaderValue::from_static(self.cache.name()),
+        );
+        if let Ok(v) = HeaderValue::from_str(&self.state_key) {
+            h.insert(STATE_KEY_HEADER, v);
+        }
+    }
+}
+
+/// Queue a validated request and wait for its answer (429 when the queue is full).
+pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<Decided, ApiError> {
+    let key = state_key(&request);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Job {
+        request,
+        rule: state.settings.rule,
+        reply: tx,
+    };
+    match state.engine.submit(job) {
+        Ok(()) => {}
+        Err(SubmitError::Full) => {
+            return Err(ApiError::status(
+                429,
+                format!(
+                    "the queue is full ({} requests waiting); retry shortly",
+                    state.engine.capacity
+                ),
+                "rate_limit_exceeded",
+            ))
+        }
+        Err(SubmitError::Closed) => {
+            return Err(ApiError::status(
+                503,
+                "the server is shutting down",
+                "unavailable",
+            ))
+        }
+    }
+    // If this future is dropped (the client went away), `rx` closes and the worker skips the job.
+    let decision = rx
+        .await
+        .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
+    let mut body = decision.response;
+    DecisionBody::set_latency_ms(&mut body, decision.model_seconds);
+    Ok(Decided {
+        body,
+        tokens: decision.record.input_ids.len(),
+        cache: decision.cache,
+        state_key: key,
+    })
+}
