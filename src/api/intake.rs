@@ -9,14 +9,13 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap};
 use serde_json::Value;
 
-/// The JSON body of a decision request: the key, then the byte limit, content type and
-/// encoding, then JSON.
+/// The JSON body of a decision request (the caller checks the key first, [`check_key`]): the
+/// byte limit, content type and encoding, then JSON.
 pub(super) async fn read_json(
     settings: &ServerSettings,
     request: Request,
 ) -> Result<Value, ApiError> {
     let (parts, body) = request.into_parts();
-    check_key(settings, &parts.headers)?;
     let limit = settings.max_body_bytes;
     let too_large = || {
         ApiError::status(

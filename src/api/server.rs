@@ -62,6 +62,7 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
 }
 
 async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError> {
+    check_key(&state.settings, request.headers())?;
     let value = read_json(&state.settings, request).await?;
     let request = validate(&value, Some(&state.settings.limits))?;
     let names = &state.settings.model_names;
