@@ -59,24 +59,53 @@ fn attend(b: &Block, limit: impl Fn(usize) -> usize, scratch: &mut Vec<f32>) -> 
         b.key_stride,
     );
     for (i, row) in scores.chunks_mut(visible).enumerate() {
-        let limit = limit(i);
-        let mut max = f32::NEG_INFINITY;
-        for s in row[..limit].iter_mut() {
-            *s *= scale;
-            max = max.max(*s);
-        }
-        row[..limit].iter_mut().for_each(|s| *s -= max);
-        exp_in_place(&mut row[..limit]);
-        let sum: f32 = row[..limit].iter().sum();
-        let inv = 1.0 / sum;
-        row[..limit].iter_mut().for_each(|s| *s *= inv);
-        row[limit..].fill(0.0);
+        let (live, masked) = row.split_at_mut(limit(i));
+        let max = scale_and_max(live, scale);
+        live.iter_mut().for_each(|s| *s -= max);
+        exp_in_place(live);
+        let inv = 1.0 / lane_sum(live);
+        live.iter_mut().for_each(|s| *s *= inv);
+        masked.fill(0.0);
     }
     let mut o = vec![0.0f32; rows * d];
     small_matmul(
         rows, d, visible, &mut o, false, scores, visible, 1, b.values, b.kv_width, 1,
     );
     o
+}
+
+/// Lanes of the softmax reductions: eight partial results side by side, so the loops below
+/// compile to vector code (one running value is a serial chain the compiler must keep).
+const LANES: usize = 8;
+
+/// `row *= scale`, returning the largest entry (scores are never NaN).
+fn scale_and_max(row: &mut [f32], scale: f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (m, s) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *s *= scale;
+            *m = if *s > *m { *s } else { *m };
+        }
+    }
+    for s in chunks.into_remainder() {
+        *s *= scale;
+        lanes[0] = if *s > lanes[0] { *s } else { lanes[0] };
+    }
+    lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The sum of `row`, in `LANES` interleaved partial sums.
+fn lane_sum(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (acc, s) in lanes.iter_mut().zip(chunk) {
+            *acc += s;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// Each head's keys of `k` `[rows, heads*d]` transposed once, `[d, rows]`, so every query
@@ -194,4 +223,27 @@ pub fn segments(
         })
         .collect();
     scatter(results, t, heads, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lane-wise reductions against one running value, on every length around the lane
+    /// count (empty rows, tails, the largest entry in the tail).
+    #[test]
+    fn lane_reductions_match_a_running_value() {
+        for len in 0..3 * LANES + 2 {
+            let row: Vec<f32> = (0..len)
+                .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3 + if i + 1 == len { 9.0 } else { 0.0 })
+                .collect();
+            let mut scaled = row.clone();
+            let max = scale_and_max(&mut scaled, 0.5);
+            let want: Vec<f32> = row.iter().map(|s| s * 0.5).collect();
+            assert_eq!(scaled, want);
+            assert_eq!(max, want.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            let exact: f64 = want.iter().map(|&s| f64::from(s)).sum();
+            assert!((f64::from(lane_sum(&want)) - exact).abs() <= 1e-5 * (1.0 + exact.abs()));
+        }
+    }
 }

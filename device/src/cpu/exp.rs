@@ -27,7 +27,9 @@ fn exp_one(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` is in [-126, 127] after the clamp; the wrapping add keeps an overflow check (debug
+    // and test builds) out of the loop, which would otherwise stay scalar there.
+    y * f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23)
 }
 
 #[inline(always)]

@@ -62,34 +62,98 @@ std::vector<float> transposed_keys(const Rows& k, uint32_t col, uint32_t d, uint
   return kt;
 }
 
-// softmax(q · kᵀ · d^-0.5) · v for one query row against the first `visible` of the `n`
-// transposed keys `kt`, whose values are rows `first..` of `v` at column `vcol`.
-void attend_row(const float* q, const std::vector<float>& kt, uint32_t n, uint32_t visible,
-                const Rows& v, uint32_t vcol, uint32_t first, uint32_t d,
-                std::vector<float>& scores, float* out) {
-  const float scale = std::pow(static_cast<float>(d), -0.5f);
-  scores.assign(visible, 0.0f);
-  for (uint32_t c = 0; c < d; ++c) {
-    const float qc = q[c];
-    const float* kc = kt.data() + static_cast<size_t>(c) * n;
-    for (uint32_t j = 0; j < visible; ++j) scores[j] += qc * kc[j];
+// out[0..d) = Σ_j p[j] · v[first + j][vcol..], summed over j in order. Whole groups of
+// kGroup channels are summed in a local array the compiler keeps in registers (summing into
+// `out` itself made every step wait on the previous step's store).
+void weighted_values(const float* p, uint32_t visible, const Rows& v, uint32_t vcol,
+                     uint32_t first, uint32_t d, float* out) {
+  constexpr uint32_t kGroup = 32;
+  uint32_t c0 = 0;
+  for (; c0 + kGroup <= d; c0 += kGroup) {
+    float acc[kGroup] = {};
+    for (uint32_t j = 0; j < visible; ++j) {
+      const float* vr = v.row(first + j) + vcol + c0;
+      for (uint32_t c = 0; c < kGroup; ++c) acc[c] += p[j] * vr[c];
+    }
+    std::copy(acc, acc + kGroup, out + c0);
   }
-  float max = -std::numeric_limits<float>::infinity();
-  for (float& s : scores) {
-    s *= scale;
-    max = std::max(max, s);
-  }
-  float sum = 0.0f;
-  for (float& s : scores) {
-    s = std::exp(s - max);
-    sum += s;
-  }
-  const float inv = 1.0f / sum;
-  std::fill(out, out + d, 0.0f);
+  std::fill(out + c0, out + d, 0.0f);
   for (uint32_t j = 0; j < visible; ++j) {
-    const float p = scores[j] * inv;
     const float* vr = v.row(first + j) + vcol;
-    for (uint32_t c = 0; c < d; ++c) out[c] += p * vr[c];
+    for (uint32_t c = c0; c < d; ++c) out[c] += p[j] * vr[c];
+  }
+}
+
+// A query row, how many keys it sees and where its output goes.
+struct QueryRow {
+  const float* q;
+  uint32_t visible;
+  float* out;
+};
+
+// Query rows scored in one pass over the transposed keys.
+constexpr uint32_t kRowBlock = 4;
+
+// softmax(q · kᵀ · d^-0.5) · v for up to kRowBlock query rows, each against the first
+// `visible` of the `n` transposed keys `kt`, whose values are rows `first..` of `v` at column
+// `vcol`. The rows share each load of `kt` (a long context's keys were streamed from memory
+// once per row); every score is still added up in channel order, so a row gets the bits it
+// would get alone. `scores` is scratch.
+void attend_rows(const QueryRow* rows, uint32_t count, const std::vector<float>& kt, uint32_t n,
+                 const Rows& v, uint32_t vcol, uint32_t first, uint32_t d,
+                 std::vector<float>& scores) {
+  const float scale = std::pow(static_cast<float>(d), -0.5f);
+  uint32_t widest = 0;
+  for (uint32_t r = 0; r < count; ++r) widest = std::max(widest, rows[r].visible);
+  scores.assign(static_cast<size_t>(kRowBlock) * widest, 0.0f);
+  float* __restrict s0 = scores.data();
+  float* __restrict s1 = s0 + widest;
+  float* __restrict s2 = s1 + widest;
+  float* __restrict s3 = s2 + widest;
+  for (uint32_t c = 0; c < d; ++c) {
+    float qc[kRowBlock] = {};
+    for (uint32_t r = 0; r < count; ++r) qc[r] = rows[r].q[c];
+    const float* __restrict kc = kt.data() + static_cast<size_t>(c) * n;
+    for (uint32_t j = 0; j < widest; ++j) {
+      const float key = kc[j];
+      s0[j] += qc[0] * key;
+      s1[j] += qc[1] * key;
+      s2[j] += qc[2] * key;
+      s3[j] += qc[3] * key;
+    }
+  }
+  for (uint32_t r = 0; r < count; ++r) {
+    float* row = scores.data() + static_cast<size_t>(r) * widest;
+    const uint32_t visible = rows[r].visible;
+    float max = -std::numeric_limits<float>::infinity();
+    for (uint32_t j = 0; j < visible; ++j) {
+      row[j] *= scale;
+      max = std::max(max, row[j]);
+    }
+    float sum = 0.0f;
+    for (uint32_t j = 0; j < visible; ++j) {
+      row[j] = std::exp(row[j] - max);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t j = 0; j < visible; ++j) row[j] *= inv;
+    weighted_values(row, visible, v, vcol, first, d, rows[r].out);
+  }
+}
+
+// Query rows `begin..end` of head column `qcol` in blocks of kRowBlock; row `i` sees
+// `visible(i)` keys.
+template <typename Visible>
+void attend_all(const Rows& q, uint32_t qcol, uint32_t begin, uint32_t end, Visible visible,
+                const std::vector<float>& kt, uint32_t n, const Rows& v, uint32_t vcol,
+                uint32_t first, uint32_t d, std::vector<float>& scores, Rows& out) {
+  for (uint32_t i0 = begin; i0 < end; i0 += kRowBlock) {
+    QueryRow rows[kRowBlock];
+    const uint32_t count = std::min(kRowBlock, end - i0);
+    for (uint32_t r = 0; r < count; ++r) {
+      rows[r] = {q.row(i0 + r) + qcol, visible(i0 + r), out.row(i0 + r) + qcol};
+    }
+    attend_rows(rows, count, kt, n, v, vcol, first, d, scores);
   }
 }
 
@@ -208,10 +272,9 @@ Rows causal_attention(const Rows& q, const Rows& k, const Rows& v, uint32_t head
     const uint32_t kv_col = kvh * d, n = k.rows;
     const std::vector<float> kt = transposed_keys(k, kv_col, d, 0, n);
     for (uint32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-      for (uint32_t i = 0; i < t; ++i) {
-        attend_row(q.row(i) + h * d, kt, n, start + i + 1, v, kv_col, 0, d, scores,
-                   out.row(i) + h * d);
-      }
+      attend_all(
+          q, h * d, 0, t, [start](uint32_t i) { return start + i + 1; }, kt, n, v, kv_col, 0, d,
+          scores, out);
     }
   }
   return out;
@@ -399,10 +462,9 @@ Rows segment_attention(const Rows& q, const Rows& k, const Rows& v, uint32_t hea
     for (const Segment& seg : segments) {
       const uint32_t n = seg.end - seg.start;
       const std::vector<float> kt = transposed_keys(k, h * d, d, seg.start, seg.end);
-      for (uint32_t i = seg.start; i < seg.end; ++i) {
-        attend_row(q.row(i) + h * d, kt, n, n, v, h * d, seg.start, d, scores,
-                   out.row(i) + h * d);
-      }
+      attend_all(
+          q, h * d, seg.start, seg.end, [n](uint32_t) { return n; }, kt, n, v, h * d, seg.start,
+          d, scores, out);
     }
   }
   return out;

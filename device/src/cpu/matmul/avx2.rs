@@ -42,8 +42,10 @@ struct Tile {
 }
 
 /// Lane masks of the tile's two vectors for `cols` valid outputs.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+// Forced inline and no feature attribute of its own (the helpers below too): it is only
+// ever inlined into `tile`, whose AVX2 + FMA context its intrinsics then compile in (left
+// out of line in test builds, such a call cost a fifth of the golden tests' time).
+#[inline(always)]
 unsafe fn masks(cols: usize) -> (__m256i, __m256i) {
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols.min(8) as i32), lanes);
@@ -52,8 +54,8 @@ unsafe fn masks(cols: usize) -> (__m256i, __m256i) {
 }
 
 /// Each lane rounded to the nearest bf16 (ties to even), kept as f32.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+// Inlined into `tile`, as `masks`.
+#[inline(always)]
 unsafe fn round_bf16(v: __m256) -> __m256 {
     let bits = _mm256_castps_si256(v);
     let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
@@ -65,8 +67,8 @@ unsafe fn round_bf16(v: __m256) -> __m256 {
 }
 
 /// The 16 weights of input channel `kk`: two vectors of 8.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
+// Inlined into `tile`, as `masks`.
+#[inline(always)]
 unsafe fn load_b<const SRC: u8, const WHOLE: bool>(
     t: &Tile,
     b: *const u8,
