@@ -10,6 +10,9 @@ use clef_device::cpu::{fma_peak_gflops, isa, matmul};
 use clef_device::{HostWeight, WeightFormat};
 use std::time::Instant;
 
+mod common;
+use common::values;
+
 const REPEAT: usize = 3;
 
 /// name, tokens, input channels, output channels.
@@ -23,18 +26,6 @@ const SHAPES: [(&str, usize, usize, usize); 8] = [
     ("mlp_down_2048", 2048, 3584, 1024),
     ("head_memory_16384", 16384, 5120, 1024),
 ];
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
 
 fn main() {
     let filter = std::env::args()

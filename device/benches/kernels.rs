@@ -6,17 +6,8 @@ use clef_device::{HostWeight, WeightFormat};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use half::bf16;
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::values;
 
 fn linear(c: &mut Criterion) {
     // The 0.8B MLP gate|up projection at 512 tokens: [512, 1024] x [7168, 1024]^T.
