@@ -6,7 +6,9 @@ weights: only the shape matters for speed), times its forward pass (embedding to
 LM head, as `clef-tt bench prefill` times its prefill) at each length and dtype, and runs
 `clef-tt bench prefill` for the same length and weight format right after, on the same
 threads: PyTorch's best of `--repeat`, clef-tt's median of as many (what its bench
-reports). Prints a markdown table with the ratio.
+reports). bfloat16 is set against clef-tt's `bf16` precision profile (bf16 weights and
+activations, f32 accumulation), float32 against `f32`. Prints a markdown table with the ratio
+and the CPU's vector features.
 
 Needs `torch` and `transformers` (pip install torch transformers); CI does not run it.
 
@@ -47,14 +49,14 @@ def torch_tokens_per_s(model_dir, tokens, dtype, repeat, threads):
     return tokens / best
 
 
-def clef_tokens_per_s(clef, model_dir, tokens, weights, repeat):
+def clef_tokens_per_s(clef, model_dir, tokens, profile, repeat):
     out = subprocess.run(
         [clef, "bench", "prefill", "--model", model_dir, "--tokens", str(tokens),
-         "--weights", weights, "--mesh", "1x1", "--repeat", str(repeat)],
+         "--precision", profile, "--mesh", "1x1", "--repeat", str(repeat)],
         check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) >= 5 and cells[0] == weights and re.match(r"^\d", cells[4]):
+        if len(cells) >= 5 and cells[0] == profile and re.match(r"^\d", cells[4]):
             return float(cells[4])
     raise RuntimeError(f"no result row in clef-tt's output:\n{out}")
 
@@ -68,17 +70,25 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     a = p.parse_args()
-    formats = {"float32": "f32", "bfloat16": "bf16"}
+    # clef-tt's precision profile of the same numerics: bf16 weights and activations under bf16.
+    profiles = {"float32": "f32", "bfloat16": "bf16"}
     rows = []
     for dtype in a.dtypes.split(","):
         for tokens in map(int, a.tokens.split(",")):
             peer = torch_tokens_per_s(a.model, tokens, dtype, a.repeat, a.threads)
-            ours = clef_tokens_per_s(a.clef, a.model, tokens, formats[dtype], a.repeat)
+            ours = clef_tokens_per_s(a.clef, a.model, tokens, profiles[dtype], a.repeat)
             rows.append((dtype, tokens, ours, peer))
             print(f"{dtype} {tokens}: clef-tt {ours:.1f} tokens/s, PyTorch {peer:.1f}", file=sys.stderr)
     import torch
     import transformers
-    print(f"PyTorch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads")
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(l for l in f if l.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        pass
+    isa = [x for x in ("avx512_bf16", "avx512f", "avx2", "fma") if x in flags]
+    print(f"PyTorch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads, CPU: {' '.join(isa) or 'unknown'}")
     print("| dtype | tokens | clef-tt tokens/s | PyTorch tokens/s | ratio |\n|---|---|---|---|---|")
     for dtype, tokens, ours, peer in rows:
         print(f"| {dtype} | {tokens} | {ours:.1f} | {peer:.1f} | {ours / peer:.2f}x |")

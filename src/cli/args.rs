@@ -322,9 +322,10 @@ pub enum BenchCommand {
         /// Prompt lengths in tokens.
         #[arg(long, value_delimiter = ',', default_value = "512,2048")]
         tokens: Vec<usize>,
-        /// Weight formats (f32, bf16).
+        /// Precision profiles (f32, bf16, selected, stage1, fast): weight formats and the
+        /// numerics they are served with (bf16 activations under bf16, for example).
         #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
-        weights: Vec<String>,
+        precision: Vec<String>,
         /// Mesh shapes.
         #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
         mesh: Vec<String>,

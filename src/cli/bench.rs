@@ -1,15 +1,17 @@
-//! `clef-tt bench prefill`: prefill tokens per second on a checkpoint, for each weight format
-//! and mesh shape asked for. Timings are wall clock of whole prefills (embedding to final
-//! norm), the median of the repeats after one warm-up.
+//! `clef-tt bench prefill`: prefill tokens per second on a checkpoint, for each precision
+//! profile (weight formats, bf16 activations, fidelity, as served) and mesh shape asked for.
+//! Timings are wall clock of whole prefills (embedding to final norm), the median of the
+//! repeats after one warm-up.
 
 use clef_device::{MeshOps, MeshShape, WeightFormat};
-use clef_tt::backbone::Backbone;
+use clef_tt::backbone::{Backbone, WeightFormats};
 use clef_tt::checkpoint::Checkpoint;
+use clef_tt::precision::Precision;
 use std::time::Instant;
 
 /// One measured configuration.
 pub struct PrefillRow {
-    pub format: WeightFormat,
+    pub profile: String,
     pub mesh: MeshShape,
     pub tokens: usize,
     pub seconds: f64,
@@ -40,10 +42,10 @@ fn bench_ids(n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A prefill benchmark: every format and length on one mesh at a time.
+/// A prefill benchmark: every profile and length on one mesh at a time.
 pub struct PrefillRun<'a> {
     pub ckpt: &'a Checkpoint,
-    pub formats: &'a [WeightFormat],
+    pub profiles: &'a [Precision],
     pub lengths: &'a [usize],
     pub repeats: usize,
 }
@@ -59,7 +61,7 @@ impl PrefillRun<'_> {
             Ok(plan) => clef_tt::perf_model::text_matrices(
                 cfg,
                 &plan,
-                &clef_tt::backbone::WeightFormats::uniform(WeightFormat::F32),
+                &WeightFormats::uniform(WeightFormat::F32),
             )
             .iter()
             .map(|m| m.params())
@@ -68,22 +70,28 @@ impl PrefillRun<'_> {
         }
     }
 
-    /// Measures every format and length on a fresh `open()` mesh of `shape` each; `report`
-    /// gives the per-op times of a profiling mesh (empty otherwise).
+    /// Measures every profile and length on a fresh `open(profile)` mesh of `shape` each
+    /// (the mesh computes with the profile's numerics); `report` gives the per-op times of a
+    /// profiling mesh (empty otherwise).
     pub fn on<B: MeshOps>(
         &self,
         shape: MeshShape,
-        open: &dyn Fn() -> anyhow::Result<B>,
+        open: &dyn Fn(&Precision) -> anyhow::Result<B>,
         report: &OpReport<B>,
     ) -> anyhow::Result<Vec<PrefillRow>> {
         let mut rows = Vec::new();
-        for &format in self.formats {
-            let mesh = open()?;
+        for profile in self.profiles {
+            let mesh = open(profile)?;
             let backend = mesh.backend_name();
-            let bb = Backbone::load(self.ckpt, mesh, format)?;
+            let bb = Backbone::load_with(
+                self.ckpt,
+                mesh,
+                &profile.weight_formats(),
+                profile.embeddings == WeightFormat::Bf16,
+            )?;
             eprintln!(
-                "loaded {} weights on a {shape} {backend} mesh: {:.1} MiB",
-                format.name(),
+                "loaded the {} profile's weights on a {shape} {backend} mesh: {:.1} MiB",
+                profile.name,
                 bb.weight_bytes() as f64 / (1 << 20) as f64
             );
             for &n in self.lengths {
@@ -101,7 +109,7 @@ impl PrefillRun<'_> {
                     n as f64 / seconds
                 );
                 rows.push(PrefillRow {
-                    format,
+                    profile: profile.name.clone(),
                     mesh: shape,
                     tokens: n,
                     seconds,
@@ -140,13 +148,13 @@ pub fn peak_rss_mib() -> Option<f64> {
 /// The rows as a markdown table; `peak` is the machine's measured FMA peak (GFLOP/s).
 pub fn table(rows: &[PrefillRow], peak: Option<f64>) -> String {
     let mut s = String::from(
-        "| weights | mesh | tokens | seconds | tokens/s | GFLOP/s | of FMA peak |\n|---|---|---|---|---|---|---|\n",
+        "| profile | mesh | tokens | seconds | tokens/s | GFLOP/s | of FMA peak |\n|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let share = peak.map_or("-".to_string(), |p| format!("{:.0}%", 100.0 * r.gflops / p));
         s.push_str(&format!(
             "| {} | {} | {} | {:.3} | {:.1} | {:.0} | {share} |\n",
-            r.format.name(),
+            r.profile,
             r.mesh,
             r.tokens,
             r.seconds,

@@ -249,7 +249,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Prefill {
             model,
             tokens,
-            weights,
+            precision,
             mesh,
             repeat,
             profile,
@@ -257,17 +257,17 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
         } => {
             let ckpt = open(model, None)?;
             let device = device.resolve()?;
-            let formats = weights
+            let profiles = precision
                 .iter()
-                .map(|w| weight_format(w))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(|name| Precision::resolve(name, |_| None))
+                .collect::<Result<Vec<_>, _>>()?;
             let peak_before = clef_device::cpu::fma_peak_gflops();
             let mut rows = Vec::new();
             for shape in &mesh {
                 let shape: MeshShape = shape.parse()?;
                 let run = bench::PrefillRun {
                     ckpt: &ckpt,
-                    formats: &formats,
+                    profiles: &profiles,
                     lengths: &tokens,
                     repeats: repeat,
                 };
@@ -277,13 +277,22 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                             "--profile times the CPU mesh's ops; it does not apply to --device tt"
                         );
                     }
-                    let open = || Ok(clef_device::cpu::CpuMesh::with_profile(shape));
+                    let open = |p: &Precision| {
+                        Ok(clef_device::cpu::CpuMesh::with_profile(shape)
+                            .with_numerics(p.numerics()))
+                    };
                     rows.extend(run.on(shape, &open, &|m| m.profile_report())?);
                 } else {
                     let layout = MeshLayout::single(shape);
-                    on_device!(&device, layout, Numerics::default(), |open| {
-                        rows.extend(run.on(shape, &|| open(0), &|_| Vec::new())?)
-                    });
+                    for p in &profiles {
+                        let one = bench::PrefillRun {
+                            profiles: std::slice::from_ref(p),
+                            ..run
+                        };
+                        on_device!(&device, layout, p.numerics(), |open| {
+                            rows.extend(one.on(shape, &|_| open(0), &|_| Vec::new())?)
+                        });
+                    }
                 }
             }
             let peak_after = clef_device::cpu::fma_peak_gflops();

@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Bumped whenever the layout of `weights.bin` or of a backend's packed weights changes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const ALIGN: u64 = 64;
 /// Bytes at each end of a source file that the quick fingerprint reads.
 const FINGERPRINT_SPAN: usize = 1 << 20;

@@ -1,29 +1,34 @@
 //! The matmul's AVX2 + FMA kernels (CPUs without AVX-512): register tiles of up to 6 tokens x
-//! 16 outputs (12 ymm accumulators, 2 weight vectors, 1 broadcast), each
-//! 32-output panel taken in two halves, over blocks of `KC` input channels. They read the same
-//! packed operands as the AVX-512 kernels (token blocks of `MR` = 2 tiles here; f32 and bf16
-//! panels directly; bfp panels decoded once per block into an f32 panel shared by every tile)
-//! and apply the same fidelity truncation and bf16 accumulation, lane for lane.
+//! 16 outputs (12 ymm accumulators, 2 weight vectors, 1 broadcast), each 32-output panel taken
+//! in two halves. They read the operands the driver packs (f32 panels, bf16 channel pairs
+//! widened in registers, bfp panels decoded once per block into f32 rows) and apply the same
+//! fidelity truncation and bf16 accumulation as the AVX-512 kernels, lane for lane.
 
-use super::{decode_block_rows, Engine, PackedWeight, PanelData, KC, MC, MR, PANEL};
+use super::{decode_rows_portable, Decoder, Engine, Kernel, Packing, TileJob, Weights, PANEL};
 use std::arch::x86_64::*;
 
 /// Outputs of one tile: two vectors of 8.
 const HALF: usize = 16;
-/// Tokens of one tile (a token block of `MR` holds two): 12 accumulators, 2 weight vectors
-/// and a broadcast fill the 16 registers, so nothing else may stay live in the loop (an
-/// output mask kept there spilled an accumulator: 1.6x slower).
-const ROWS: usize = MR / 2;
+/// Tokens of one tile and of a packed token block: 12 accumulators, 2 weight vectors and a
+/// broadcast fill the 16 registers, so nothing else may stay live in the loop (an output mask
+/// kept there spilled an accumulator: 1.6x slower).
+const ROWS: usize = 6;
 
-/// Tokens per cache block (a multiple of `MR`; `MC`, the rows of a row-split task): their `KC`
-/// channels (192 KiB) stay in L2 while every panel of the task passes over them (48 rows made
-/// the head's 16,384-row projection stream its weights from L3 twice as often: 103 vs 127
-/// GFLOP/s).
-const BLOCK_ROWS: usize = MC;
+/// The kernel of AVX2 + FMA CPUs.
+pub(super) const KERNEL: Kernel = Kernel {
+    name: "avx2 6x16 f32 FMA",
+    mr: ROWS,
+    packing: Packing::F32,
+    // A half panel's 512 channels (32 KiB) in L1.
+    kc: 512,
+    tile: tile_job,
+    decoder: Decoder::F32(decode_rows_portable),
+};
 
 /// Where the 16 weights of one input channel come from.
 const SRC_F32: u8 = 0;
-const SRC_BF16: u8 = 1;
+/// bf16 channel pairs (rows of `PANEL` words), widened in registers.
+const SRC_PAIRS: u8 = 1;
 
 /// One register tile's operands.
 struct Tile {
@@ -74,15 +79,26 @@ unsafe fn load_b<const SRC: u8, const WHOLE: bool>(
     b: *const u8,
     kk: usize,
 ) -> (__m256, __m256) {
-    if SRC == SRC_BF16 {
-        // bf16 panels are padded to 32 columns: the 16 of a half are in bounds.
-        let raw = _mm256_loadu_si256(b.add(kk * t.ldb * 2) as *const __m256i);
-        let l = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw));
-        let h = _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(raw));
-        return (
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(l)),
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)),
+    if SRC == SRC_PAIRS {
+        // Pair rows are padded to 32 outputs: the 16 of a half are in bounds. Channel 2i is
+        // the low half of each word, 2i + 1 the high half.
+        let p = (b as *const u32).add((kk / 2) * PANEL);
+        let (l, h) = (
+            _mm256_loadu_si256(p as *const __m256i),
+            _mm256_loadu_si256(p.add(8) as *const __m256i),
         );
+        return if kk.is_multiple_of(2) {
+            (
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(l)),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)),
+            )
+        } else {
+            let m = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            (
+                _mm256_castsi256_ps(_mm256_and_si256(l, m)),
+                _mm256_castsi256_ps(_mm256_and_si256(h, m)),
+            )
+        };
     }
     let p = b.add(kk * t.ldb * 4) as *const f32;
     if WHOLE {
@@ -97,7 +113,7 @@ unsafe fn load_b<const SRC: u8, const WHOLE: bool>(
 }
 
 /// One `M x 16` tile over `kc` input channels: `c (+)= a[M, kc] · b[kc, 16]`. `PACKED`: `a` is
-/// a packed token block `[kc][MR]`, whose offsets are then constants; otherwise any strides.
+/// a packed token block `[kc][ROWS]`, whose offsets are then constants; otherwise any strides.
 /// `WHOLE`: `b` has 16 readable values a row (a padded panel, or a full tile of a dense
 /// matrix), loaded without masks; otherwise `cols`.
 #[target_feature(enable = "avx2,fma")]
@@ -106,7 +122,7 @@ unsafe fn tile<const M: usize, const SRC: u8, const PACKED: bool, const WHOLE: b
     t: &Tile,
     b: *const u8,
 ) {
-    let (a_rs, a_cs) = if PACKED { (1, MR) } else { (t.a_rs, t.a_cs) };
+    let (a_rs, a_cs) = if PACKED { (1, ROWS) } else { (t.a_rs, t.a_cs) };
     let mut lo = [_mm256_setzero_ps(); M];
     let mut hi = [_mm256_setzero_ps(); M];
     // A bf16 destination rounds the running sum, so it starts from the earlier blocks'.
@@ -201,100 +217,30 @@ unsafe fn dispatch<const SRC: u8, const PACKED: bool, const WHOLE: bool>(
     }
 }
 
-/// Rows `rows` (starting on a token block) of panels `panels`, as `avx512::panels`.
+/// One 32-output tile of the blocked product, as two halves of 16.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn panels(
-    xp: &[f32],
-    rows: std::ops::Range<usize>,
-    w: &PackedWeight,
-    panels: std::ops::Range<usize>,
-    y: *mut f32,
-    engine: Engine,
-) {
-    let (n, k) = (w.n, w.k);
-    let mut decoded = match &w.data {
-        PanelData::Blocks { .. } => vec![0.0f32; panels.len() * KC * PANEL],
-        _ => Vec::new(),
-    };
-    let mut k0 = 0;
-    while k0 < k {
-        let kc = KC.min(k - k0);
-        let mut b0 = rows.start;
-        while b0 < rows.end {
-            let b1 = (b0 + BLOCK_ROWS).min(rows.end);
-            for p in panels.clone() {
-                let cols = PANEL.min(n - p * PANEL);
-                let (src, b, elem): (u8, *const u8, usize) = match &w.data {
-                    PanelData::F32(d) => (
-                        SRC_F32,
-                        d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
-                        4,
-                    ),
-                    PanelData::Bf16(d) => (
-                        SRC_BF16,
-                        d.as_ptr().add((p * k + k0) * PANEL) as *const u8,
-                        2,
-                    ),
-                    PanelData::Blocks {
-                        format,
-                        tiles,
-                        tiles_per_row,
-                    } => {
-                        if b0 == rows.start {
-                            let at = (p - panels.start) * KC * PANEL;
-                            decode_block_rows(
-                                *format,
-                                tiles,
-                                *tiles_per_row,
-                                p,
-                                k0,
-                                kc,
-                                &mut decoded[at..],
-                            );
-                        }
-                        (
-                            SRC_F32,
-                            decoded.as_ptr().add((p - panels.start) * KC * PANEL) as *const u8,
-                            4,
-                        )
-                    }
-                };
-                for c0 in (0..cols).step_by(HALF) {
-                    let half_b = b.add(c0 * elem);
-                    let mut r0 = b0;
-                    while r0 < b1 {
-                        // Token block r0/MR of the packed x: two tiles of ROWS tokens.
-                        for sub in 0..MR / ROWS {
-                            let first = r0 + sub * ROWS;
-                            if first >= b1 {
-                                break;
-                            }
-                            let m = ROWS.min(b1 - first);
-                            let t = Tile {
-                                engine,
-                                a: xp.as_ptr().add(r0 * k + k0 * MR + sub * ROWS),
-                                a_rs: 1,
-                                a_cs: MR,
-                                ldb: PANEL,
-                                kc,
-                                c: y.add(first * n + p * PANEL + c0),
-                                ldc: n,
-                                cols: HALF.min(cols - c0),
-                                accumulate: k0 > 0,
-                            };
-                            if src == SRC_BF16 {
-                                dispatch::<SRC_BF16, true, true>(m, &t, half_b);
-                            } else {
-                                dispatch::<SRC_F32, true, true>(m, &t, half_b);
-                            }
-                        }
-                        r0 += MR;
-                    }
-                }
+unsafe fn tile_job(job: &TileJob) {
+    for c0 in (0..job.cols).step_by(HALF) {
+        let t = Tile {
+            engine: job.engine,
+            a: job.a as *const f32,
+            a_rs: 1,
+            a_cs: ROWS,
+            ldb: PANEL,
+            kc: job.kc,
+            c: job.c.add(c0),
+            ldc: job.ldc,
+            cols: HALF.min(job.cols - c0),
+            accumulate: job.accumulate,
+        };
+        match job.b {
+            Weights::F32(b) => {
+                dispatch::<SRC_F32, true, true>(job.rows, &t, b.add(c0) as *const u8)
             }
-            b0 = b1;
+            Weights::Pairs(b) => {
+                dispatch::<SRC_PAIRS, true, true>(job.rows, &t, b.add(c0) as *const u8)
+            }
         }
-        k0 += kc;
     }
 }
 
