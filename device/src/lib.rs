@@ -24,7 +24,9 @@ pub use host::{
 };
 pub use mesh::MeshShape;
 pub use numerics::{Fidelity, Numerics};
-pub use ops::{AttentionSpec, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu, MeshOps, RopeSpec};
+pub use ops::{
+    AttentionSpec, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu, MeshOps, RopeSpec, RuntimeCalls,
+};
 
 /// Result type of the device layer.
 pub type Result<T> = std::result::Result<T, DeviceError>;

@@ -73,6 +73,15 @@ pub struct DeviceUsage {
     pub live_tensors: u64,
 }
 
+/// Calls a backend made to its runtime for one op name (ttnn ops under the Tenstorrent shim).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeCalls {
+    pub op: String,
+    pub calls: u64,
+    /// Host time spent in those calls.
+    pub seconds: f64,
+}
+
 /// The operations of a Qwen3.5 prefill over a mesh.
 pub trait MeshOps: Sync {
     /// A tensor on the mesh (replicated, sharded or partial).
@@ -104,6 +113,11 @@ pub trait MeshOps: Sync {
     /// Device memory and live tensors, for backends that track them (the Tenstorrent shim).
     fn usage(&self) -> Option<DeviceUsage> {
         None
+    }
+    /// The calls the backend made to its runtime since the last take, per op (most host time
+    /// first); empty for backends without one (the CPU mesh).
+    fn take_runtime_calls(&self) -> Vec<RuntimeCalls> {
+        Vec::new()
     }
     /// A placed weight's parts as bytes in this backend's layout, for a tensor cache.
     fn export_weight(&self, w: &Self::Weight) -> Result<Vec<WeightBytes>>;

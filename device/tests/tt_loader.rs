@@ -42,7 +42,8 @@ fn a_shim_of_another_abi_version_is_refused_naming_both_versions() {
     }
     let text = Shim::load(Some(&so)).err().unwrap().to_string();
     assert!(
-        text.contains("ABI version 1") && text.contains("needs version 2"),
+        text.contains("ABI version 1")
+            && text.contains(&format!("needs version {}", tt_metal_sys::ABI_VERSION)),
         "{text}"
     );
 }
@@ -57,7 +58,10 @@ fn libraries_that_are_not_shims_are_refused() {
     );
     let partial = stand_in(
         "partial_shim",
-        "unsigned clef_tt_abi_version(void) { return 2; }\n",
+        &format!(
+            "unsigned clef_tt_abi_version(void) {{ return {}; }}\n",
+            tt_metal_sys::ABI_VERSION
+        ),
     );
     let text = Shim::load(Some(&partial)).err().unwrap().to_string();
     assert!(text.contains("is not a clef-tt shim"), "{text}");
@@ -87,9 +91,15 @@ fn missing_files_and_non_libraries_are_refused_with_the_path() {
 }
 
 #[test]
-fn the_default_shim_is_the_host_shim_this_build_made() {
-    let shim = Shim::load(None).unwrap();
+fn the_default_shim_is_the_ttnn_shim_this_build_made_else_the_host_shim() {
+    let built = if tt_metal_sys::TTNN_SHIM.is_empty() {
+        tt_metal_sys::HOST_SHIM
+    } else {
+        tt_metal_sys::TTNN_SHIM
+    };
+    assert_eq!(Shim::locate(None).unwrap(), Path::new(built));
+    let shim = Shim::load(Some(Path::new(tt_metal_sys::HOST_SHIM))).unwrap();
     assert_eq!(shim.backend(), "host");
-    assert_eq!(shim.path(), Path::new(tt_metal_sys::HOST_SHIM));
     assert_eq!(shim.version(), tt_metal_sys::ABI_VERSION);
+    assert!(shim.describe().unwrap().contains("\"hardware\": \"host\""));
 }

@@ -4,8 +4,10 @@
  * clef-tt loads a shim library at run time (libloading) and drives a mesh of devices through
  * these functions only. Two shims implement it over one shared C++ core (ffi/shim/core):
  *   - libclef_tt_host.so: the host backend, every op as plain loops over per-device buffers in
- *     ttnn's TILE layout; built by `cargo build` everywhere, it is what CI tests the boundary with;
- *   - libclef_tt.so: the ttnn backend (feature `tt`, Tenstorrent hosts only).
+ *     ttnn's TILE layout; built by `cargo build` everywhere (with a C++ compiler);
+ *   - libclef_tt_ttnn.so: the ttnn backend, every op as the ttnn 0.81.1 op the Tenstorrent port
+ *     uses, through ttnn's Python API in an embedded CPython (shim/ttnn); built by `cargo build`
+ *     where a CPython 3.12 or 3.10 with pybind11 is found (ffi/README.md).
  *
  * Conventions
  *   - Every function but the version, name and error getters returns a clef_tt_status; on
@@ -40,7 +42,7 @@
 extern "C" {
 #endif
 
-#define CLEF_TT_ABI_VERSION 2
+#define CLEF_TT_ABI_VERSION 3
 
 /* Most devices a mesh of this ABI can hold. */
 #define CLEF_TT_MAX_DEVICES 8
@@ -114,6 +116,13 @@ const char *clef_tt_last_error(void);
 /* Devices this process can open (chips for ttnn; CLEF_TT_HOST_DEVICES, default 4, for host). */
 int clef_tt_visible_devices(uint32_t *out);
 
+/* Facts as JSON text. Each writes the text and a NUL into `out` when `capacity` holds both, and
+ * its length (without the NUL) into `*len` either way; a short `out` is refused
+ * (CLEF_TT_INVALID_ARGUMENT) and the caller retries with `*len + 1` bytes. */
+/* The backend: {"backend": "host"|"ttnn", "hardware": what runs the ops ("host", "mock" for
+ * tt-metal's mock cluster, "silicon"), "runtime": e.g. "ttnn 0.81.1", "devices": visible}. */
+int clef_tt_describe(char *out, size_t capacity, size_t *len);
+
 /* ---- meshes ----------------------------------------------------------------------------- */
 
 typedef struct clef_tt_mesh_config {
@@ -142,6 +151,13 @@ int clef_tt_mesh_device_ids(const clef_tt_mesh *mesh, uint32_t *out, uint32_t ca
 int clef_tt_mesh_memory(const clef_tt_mesh *mesh, uint64_t *bytes_per_device, uint32_t capacity);
 /* Tensors of the mesh not freed yet. */
 int clef_tt_mesh_live_tensors(const clef_tt_mesh *mesh, uint64_t *out);
+/* An open mesh as JSON (see clef_tt_describe for `out`/`len`): devices, device ids, compute
+ * grid, device memory per device, activation dtype, and what else the backend knows. */
+int clef_tt_mesh_describe(const clef_tt_mesh *mesh, char *out, size_t capacity, size_t *len);
+/* The calls the backend made to its runtime (ttnn ops for the ttnn backend) since the last
+ * take, per op name, with their host time: JSON {"name": [calls, seconds], ...}; then zeroes
+ * them. "{}" for the host backend. */
+int clef_tt_mesh_take_op_stats(clef_tt_mesh *mesh, char *out, size_t capacity, size_t *len);
 
 /* ---- tensors ---------------------------------------------------------------------------- */
 

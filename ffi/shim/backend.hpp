@@ -32,6 +32,9 @@ struct Meta {
 class Storage {
  public:
   virtual ~Storage() = default;
+  // Told the Meta the core gives the result (before the caller sees it); a backend that can
+  // check its result against it throws when they disagree.
+  virtual void bind(const Meta&) {}
 };
 using StoragePtr = std::unique_ptr<Storage>;
 using StoragePair = std::pair<StoragePtr, StoragePtr>;
@@ -70,6 +73,11 @@ class DeviceMesh {
   virtual std::vector<uint32_t> device_ids() const = 0;
   // Bytes the mesh's tensors hold per device.
   virtual std::vector<uint64_t> memory() const = 0;
+  // A JSON object of facts about the open mesh (grid, device memory, ...).
+  virtual std::string describe() = 0;
+  // The calls the backend made to its runtime since the last take, per op name, as a JSON
+  // object {"name": [calls, host seconds]} ("{}" for a backend without a runtime).
+  virtual std::string take_op_stats() { return "{}"; }
 
   // One HostBytes per device (the core repeats a replicated upload's part).
   virtual StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) = 0;
@@ -137,6 +145,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual uint32_t visible_devices() = 0;
+  // A JSON object: {"backend", "hardware" (what runs the ops: "host", "mock", "silicon"),
+  // "runtime", "devices"}.
+  virtual std::string describe() = 0;
   // A 1x`cols` mesh opened directly.
   virtual std::unique_ptr<DeviceMesh> open(const clef_tt_mesh_config& config) = 0;
   virtual std::shared_ptr<ParentMesh> open_parent(const clef_tt_mesh_config& config) = 0;

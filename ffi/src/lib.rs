@@ -5,7 +5,8 @@
 //!   CI). The library is loaded at run time, so nothing here links against a shim.
 //! - [`HOST_SHIM`] is where `cargo build` put the host shim (`libclef_tt_host.so`: the shared
 //!   C++ core of `shim/core` with the host backend of `shim/host`), or empty when it could not
-//!   be built (no C++ compiler).
+//!   be built (no C++ compiler); [`TTNN_SHIM`] likewise for the ttnn shim
+//!   (`libclef_tt_ttnn.so`: the core with the ttnn backend of `shim/ttnn`).
 
 #[allow(
     non_camel_case_types,
@@ -29,6 +30,10 @@ pub const HEADER: &str = include_str!("../include/clef_tt.h");
 
 /// The host shim built with this crate (empty when no C++ compiler was found).
 pub const HOST_SHIM: &str = env!("CLEF_TT_HOST_SHIM");
+
+/// The ttnn shim built with this crate (empty when no CPython 3.12/3.10 with pybind11 was
+/// found); its op package `clef_tt_ttnn/` sits beside it.
+pub const TTNN_SHIM: &str = env!("CLEF_TT_TTNN_SHIM");
 
 #[cfg(test)]
 mod tests {

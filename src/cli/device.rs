@@ -167,16 +167,20 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
             ));
         }
         Device::Tt(shim) => {
+            let facts: serde_json::Value = serde_json::from_str(&shim.describe()?)?;
+            let fact = |k: &str| facts[k].as_str().unwrap_or("?").to_string();
+            let hardware = fact("hardware");
             out.push_str(&format!(
-                "device: tt\nshim: {}\nabi version: {}\nbackend: {}{}\n",
+                "device: tt\nshim: {}\nabi version: {}\nbackend: {}\nhardware: {hardware}{}\nruntime: {}\n",
                 shim.path().display(),
                 shim.version(),
                 shim.backend(),
-                if shim.backend() == "host" {
-                    " (simulated devices in host memory; no Tenstorrent hardware is used)"
-                } else {
-                    ""
-                }
+                match hardware.as_str() {
+                    "host" => " (simulated devices in host memory; no Tenstorrent hardware is used)",
+                    "mock" => " (tt-metal's mock cluster: real host code, validation and allocation; device data are not computed)",
+                    _ => "",
+                },
+                fact("runtime"),
             ));
             let visible = shim.visible_devices()?;
             out.push_str(&format!("devices visible: {visible}\n"));
@@ -187,11 +191,8 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
                     parent_cols: Some(4),
                     submesh_offset: 0,
                 };
-                match TtMesh::open(shim, sub, Numerics::default()).and_then(|m| m.status()) {
-                    Ok(s) => out.push_str(&format!(
-                        "1x2 submesh of a 1x4 parent: opens (devices {:?})\n",
-                        s.device_ids
-                    )),
+                match TtMesh::open(shim, sub, Numerics::default()).and_then(|m| mesh_line(&m)) {
+                    Ok(line) => out.push_str(&format!("1x2 submesh of a 1x4 parent: {line}\n")),
                     Err(e) => {
                         out.push_str(&format!(
                             "1x2 submesh of a 1x4 parent: does not open: {e}\n"
@@ -201,13 +202,17 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
                 }
             }
             for shape in [MeshShape::ONE, MeshShape::PAIR] {
+                if shape.devices() > visible as usize {
+                    out.push_str(&format!(
+                        "{shape} mesh: needs {} devices, {visible} visible\n",
+                        shape.devices()
+                    ));
+                    continue;
+                }
                 match TtMesh::open(shim, MeshPlacement::direct(shape), Numerics::default())
-                    .and_then(|m| m.status())
+                    .and_then(|m| mesh_line(&m))
                 {
-                    Ok(s) => out.push_str(&format!(
-                        "{shape} mesh: opens (devices {:?})\n",
-                        s.device_ids
-                    )),
+                    Ok(line) => out.push_str(&format!("{shape} mesh: {line}\n")),
                     Err(e) => {
                         out.push_str(&format!("{shape} mesh: does not open: {e}\n"));
                         failed.push(shape.to_string());
@@ -221,6 +226,23 @@ pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {
         }
     }
     Ok(out)
+}
+
+/// "opens (devices [..])" and what the backend tells of the open mesh (grid, device memory).
+fn mesh_line(m: &TtMesh) -> clef_device::Result<String> {
+    let status = m.status()?;
+    let facts: serde_json::Value = serde_json::from_str(&m.describe()?).unwrap_or_default();
+    let mut line = format!("opens (devices {:?})", status.device_ids);
+    if let Some([x, y]) = facts["compute_grid"].as_array().map(|g| [&g[0], &g[1]]) {
+        line.push_str(&format!(", compute grid {x}x{y}"));
+    }
+    if let Some(dram) = facts["dram_bytes_per_device"].as_u64() {
+        line.push_str(&format!(
+            ", DRAM {:.2} GiB per device",
+            dram as f64 / (1u64 << 30) as f64
+        ));
+    }
+    Ok(line)
 }
 
 /// The vector instruction sets of this CPU that clef-device can use.

@@ -11,8 +11,12 @@ pub fn assert_succeeded(out: &std::process::Output) {
     );
 }
 
+/// The binary, with `--device tt` on the host shim this build made unless `--tt-shim` names
+/// another (the ttnn shim next to the binary would be found first otherwise).
 pub fn clef_tt() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_clef-tt"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_clef-tt"));
+    cmd.env("CLEF_TT_SHIM", tt_metal_sys::HOST_SHIM);
+    cmd
 }
 
 /// A server child process, stopped with SIGTERM when dropped (also when a test fails).
@@ -33,29 +37,57 @@ impl Drop for Server {
 /// `clef-tt serve` on a free loopback port with `args`; returns the child, its base URL and
 /// a client once /health says ready.
 pub fn spawn_server(args: &[&str], env: &[(&str, &str)]) -> (Server, String, ureq::Agent) {
+    spawn(args, env, None)
+}
+
+/// [`spawn_server`] with the server's stdout and stderr written to `log`.
+pub fn spawn_logged(
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: &std::path::Path,
+) -> (Server, String, ureq::Agent) {
+    spawn(args, env, Some(log))
+}
+
+fn spawn(
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: Option<&std::path::Path>,
+) -> (Server, String, ureq::Agent) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let mut child = clef_tt();
+    let (out, err) = match log {
+        Some(path) => {
+            let file = std::fs::File::create(path).unwrap();
+            (file.try_clone().unwrap().into(), file.into())
+        }
+        None => (std::process::Stdio::null(), std::process::Stdio::null()),
+    };
     child
         .args(["serve", "--port", &port.to_string()])
         .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stdout(out)
+        .stderr(err);
     for (k, v) in env {
         child.env(k, v);
     }
-    let child = Server(child.spawn().unwrap());
+    let mut child = Server(child.spawn().unwrap());
     let base = format!("http://127.0.0.1:{port}");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(120)))
+        .timeout_global(Some(std::time::Duration::from_secs(900)))
         .build()
         .into();
     let mut up = false;
-    for _ in 0..300 {
+    // Up to 10 minutes (a mock device builds its programs on first use), unless it exits.
+    for _ in 0..12_000 {
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!("the server exited before it was ready ({status})");
+        }
         if agent
             .get(&format!("{base}/health"))
             .call()

@@ -88,6 +88,28 @@ fn dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
     })
 }
 
+/// The shim's op statistics (`{"op": [calls, seconds], ...}`), most host time first;
+/// entries that do not parse are skipped.
+pub fn runtime_calls(json: &str) -> Vec<crate::RuntimeCalls> {
+    let value: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let mut out: Vec<crate::RuntimeCalls> = value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(op, v)| {
+                    Some(crate::RuntimeCalls {
+                        op: op.clone(),
+                        calls: v.get(0)?.as_u64()?,
+                        seconds: v.get(1)?.as_f64()?,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    out
+}
+
 impl TtMesh {
     /// Open a mesh through `shim`; matmuls compute with `numerics`.
     pub fn open(shim: &Arc<Shim>, placement: MeshPlacement, numerics: Numerics) -> Result<Self> {
@@ -179,6 +201,27 @@ impl TtMesh {
             device_ids: ids,
             bytes_per_device: bytes,
             live_tensors: live,
+        })
+    }
+
+    /// The open mesh's facts as JSON (grid, device memory, activation dtype, ...).
+    pub fn describe(&self) -> Result<String> {
+        let shim = self.shim();
+        // SAFETY: an open mesh; the buffer and `len` outlive the call.
+        shim.json_text(|out, capacity, len| unsafe {
+            shim.lib
+                .clef_tt_mesh_describe(self.raw(), out, capacity, len)
+        })
+    }
+
+    /// The calls the backend made to its runtime since the last take (ttnn ops for the ttnn
+    /// shim), as JSON `{"op": [calls, host seconds]}`; zeroes them.
+    pub fn take_op_stats(&self) -> Result<String> {
+        let shim = self.shim();
+        // SAFETY: an open mesh; the buffer and `len` outlive the call.
+        shim.json_text(|out, capacity, len| unsafe {
+            shim.lib
+                .clef_tt_mesh_take_op_stats(self.raw(), out, capacity, len)
         })
     }
 

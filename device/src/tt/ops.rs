@@ -85,6 +85,13 @@ impl MeshOps for TtMesh {
         self.status().ok()
     }
 
+    fn take_runtime_calls(&self) -> Vec<crate::RuntimeCalls> {
+        self.take_op_stats()
+            .ok()
+            .map(|json| super::runtime_calls(&json))
+            .unwrap_or_default()
+    }
+
     fn export_weight(&self, w: &TtWeight) -> Result<Vec<WeightBytes>> {
         self.export(w)
     }

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tt_metal_sys::{ClefTtLibrary, ABI_VERSION};
 
-/// File name of the ttnn shim (`cargo build --features tt` on a Tenstorrent host).
-pub const TTNN_SHIM: &str = "libclef_tt.so";
+/// File name of the ttnn shim (`cargo build` where a CPython 3.12/3.10 with pybind11 is found).
+pub const TTNN_SHIM: &str = "libclef_tt_ttnn.so";
 /// File name of the host shim (`cargo build` everywhere).
 pub const HOST_SHIM: &str = "libclef_tt_host.so";
 
 /// Why no shim could be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
-    #[error("no Tenstorrent shim found (tried {tried}); `cargo build` builds the host shim {HOST_SHIM} into target/<profile>/ (needs g++), `cargo build --features tt` the ttnn shim {TTNN_SHIM} on a Tenstorrent host; or pass --tt-shim PATH (CLEF_TT_SHIM)")]
+    #[error("no Tenstorrent shim found (tried {tried}); `cargo build` builds the host shim {HOST_SHIM} into target/<profile>/ (needs g++) and the ttnn shim {TTNN_SHIM} where CLEF_TT_PYTHON names a CPython 3.12/3.10 with ttnn and pybind11 (ffi/BRINGUP.md); or pass --tt-shim PATH (CLEF_TT_SHIM)")]
     NotFound { tried: String },
     #[error("cannot load the Tenstorrent shim {path}: {reason}")]
     Unloadable { path: String, reason: String },
@@ -45,7 +45,7 @@ impl std::fmt::Debug for Shim {
 
 impl Shim {
     /// Where a shim is looked for when none is named: next to the running binary the ttnn
-    /// shim, then the host shim; then the host shim this build made.
+    /// shim, then the host shim; then the ttnn and the host shim this build made.
     pub fn candidates() -> Vec<PathBuf> {
         let mut out = Vec::new();
         if let Some(dir) = std::env::current_exe()
@@ -55,8 +55,10 @@ impl Shim {
             out.push(dir.join(TTNN_SHIM));
             out.push(dir.join(HOST_SHIM));
         }
-        if !tt_metal_sys::HOST_SHIM.is_empty() {
-            out.push(PathBuf::from(tt_metal_sys::HOST_SHIM));
+        for built in [tt_metal_sys::TTNN_SHIM, tt_metal_sys::HOST_SHIM] {
+            if !built.is_empty() {
+                out.push(PathBuf::from(built));
+            }
         }
         out.dedup();
         out
@@ -147,6 +149,40 @@ impl Shim {
         // SAFETY: `n` outlives the call.
         self.check(unsafe { self.lib.clef_tt_visible_devices(&mut n) })?;
         Ok(n)
+    }
+
+    /// The backend's facts as JSON: backend, hardware (`host`, `mock`, `silicon`), runtime,
+    /// visible devices.
+    pub fn describe(&self) -> crate::Result<String> {
+        // SAFETY: the buffer and `len` outlive the call; it writes at most `capacity` bytes.
+        self.json_text(|out, capacity, len| unsafe {
+            self.lib.clef_tt_describe(out, capacity, len)
+        })
+    }
+
+    /// JSON text from one of the ABI's text functions (`call(out, capacity, len)`), retried
+    /// once with the length it asked for.
+    pub(super) fn json_text(
+        &self,
+        call: impl Fn(*mut std::ffi::c_char, usize, *mut usize) -> c_int,
+    ) -> crate::Result<String> {
+        let mut capacity = 4096usize;
+        loop {
+            let mut buf = vec![0u8; capacity];
+            let mut len = 0usize;
+            let status = call(
+                buf.as_mut_ptr() as *mut std::ffi::c_char,
+                capacity,
+                &mut len,
+            );
+            if status as c_uint == tt_metal_sys::CLEF_TT_INVALID_ARGUMENT && len >= capacity {
+                capacity = len + 1;
+                continue;
+            }
+            self.check(status)?;
+            buf.truncate(len.min(capacity));
+            return Ok(String::from_utf8_lossy(&buf).into_owned());
+        }
     }
 
     /// A status of the C ABI as a result, with the calling thread's last error.

@@ -96,6 +96,17 @@ Meta upload_meta(const clef_tt_tensor_desc& d, uint32_t devices, uint32_t n_part
   return m;
 }
 
+// `text` and a NUL into `out` (see clef_tt_describe).
+void write_text(const std::string& text, char* out, size_t capacity, size_t* len) {
+  if (len == nullptr) invalid("output len is null");
+  *len = text.size();
+  if (out == nullptr || capacity < text.size() + 1) {
+    invalid("the output holds " + std::to_string(capacity) + " bytes, the text needs " +
+            std::to_string(text.size() + 1));
+  }
+  std::memcpy(out, text.c_str(), text.size() + 1);
+}
+
 // Resolves the device index of a read, checking the capacity.
 void check_read(const clef_tt_tensor& t, uint32_t device, const void* out, uint64_t need,
                 uint64_t capacity, const char* unit) {
@@ -125,6 +136,10 @@ int clef_tt_visible_devices(uint32_t* out) {
     if (out == nullptr) invalid("output is null");
     *out = backend().visible_devices();
   });
+}
+
+int clef_tt_describe(char* out, size_t capacity, size_t* len) {
+  return guarded("describe", [&] { write_text(backend().describe(), out, capacity, len); });
 }
 
 int clef_tt_mesh_open(const clef_tt_mesh_config* config, clef_tt_mesh** out) {
@@ -207,6 +222,20 @@ int clef_tt_mesh_live_tensors(const clef_tt_mesh* mesh, uint64_t* out) {
     if (out == nullptr) invalid("output is null");
     Call call(const_cast<clef_tt_mesh*>(mesh), "mesh_live_tensors");
     *out = mesh->live.load();
+  });
+}
+
+int clef_tt_mesh_describe(const clef_tt_mesh* mesh, char* out, size_t capacity, size_t* len) {
+  return guarded("mesh_describe", [&] {
+    Call call(const_cast<clef_tt_mesh*>(mesh), "mesh_describe");
+    write_text(call.device().describe(), out, capacity, len);
+  });
+}
+
+int clef_tt_mesh_take_op_stats(clef_tt_mesh* mesh, char* out, size_t capacity, size_t* len) {
+  return guarded("mesh_take_op_stats", [&] {
+    Call call(mesh, "mesh_take_op_stats");
+    write_text(call.device().take_op_stats(), out, capacity, len);
   });
 }
 

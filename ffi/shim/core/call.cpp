@@ -130,6 +130,7 @@ void Call::result(const Meta& meta, StoragePtr storage) {
   t->mesh = mesh_;
   t->meta = meta;
   t->storage = std::move(storage);
+  t->storage->bind(meta);
   results_.push_back(std::move(t));
 }
 

@@ -113,6 +113,13 @@ class HostMesh : public DeviceMesh {
     return ledger_->bytes;
   }
 
+  std::string describe() override {
+    std::string ids;
+    for (uint32_t id : device_ids()) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+    return "{\"devices\": " + std::to_string(devices_) + ", \"device_ids\": [" + ids +
+           "], \"activation_dtype\": \"f32\"}";
+  }
+
   StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) override {
     faults_.count("upload");
     std::vector<std::vector<uint8_t>> stored;
@@ -378,6 +385,12 @@ class HostParent : public ParentMesh {};
 class HostBackend : public Backend {
  public:
   const char* name() const override { return "host"; }
+
+  std::string describe() override {
+    return "{\"backend\": \"host\", \"hardware\": \"host\", \"runtime\": "
+           "\"clef-tt host loops\", \"devices\": " +
+           std::to_string(visible_devices()) + "}";
+  }
 
   uint32_t visible_devices() override {
     const char* v = std::getenv("CLEF_TT_HOST_DEVICES");

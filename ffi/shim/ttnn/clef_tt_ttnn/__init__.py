@@ -1,0 +1,23 @@
+"""clef_tt_ttnn: the op bodies of clef-tt's ttnn backend, driving ttnn 0.81.1 through its public
+Python API. The shim's C++ bridge (embedded CPython) calls into it; the C++ core has already
+checked every argument and computed every result's Meta (ffi/shim/core), so this package only
+computes.
+
+Layout (mirrors ffi/shim/backend.hpp):
+- backend.py   `Backend`: version check, visible chips, open / open_parent / open_submesh
+- mesh.py      `Mesh` (DeviceMesh): device ids, memory, op statistics, close
+- transfers.py upload / download / read_stored / device_bytes / copy / free
+- text_ops.py  linear, all_reduce, split_cols, add, rms_norm, swiglu, split_query_gate, rope,
+               mul_sigmoid
+- kv_cache.py  append_rows (the paged KV cache); attention.py causal_attention,
+               segment_attention
+- delta.py     causal_conv1d_silu, delta_gates, gated_delta_rule, gated_rms_norm
+- vision.py    layer_norm, add_bias, gelu, rotary, fold_rows
+- meta.py      `Meta` and the C enums; dispatch.py the per-op call counter; programs.py the
+               compute kernel and program configs
+Imports only ttnn and numpy (never torch); CPython 3.10 and 3.12.
+"""
+from .meta import Meta  # noqa: F401
+from . import meta as enums  # noqa: F401
+from .backend import Backend, Parent, TTNN_VERSION  # noqa: F401
+from .mesh import Mesh  # noqa: F401

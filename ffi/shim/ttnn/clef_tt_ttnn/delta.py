@@ -1,0 +1,218 @@
+"""The Gated DeltaNet ops (a mesh mixin): causal_conv1d_silu, delta_gates, gated_delta_rule,
+gated_rms_norm.
+
+- causal_conv1d_silu: the port's FIR form (QWEN_GDN_CONV=fir): the input extended by the
+  carried kernel-1 rows (zeros without a carry), each tap a shifted multiply by a per-channel
+  [1, 1, 1, channels] row, summed, then SiLU; in f32 (the port accumulates in bf16; the ABI's
+  reference is f32), the output in the activation dtype; the new carry is the extended input's
+  last kernel-1 rows. Works for any row count (also fewer rows than the carry).
+- delta_gates: in f32 (the port's GDN_GATE_FP32): g = -exp(A_log) * softplus(a + dt_bias), the
+  softplus fused into the add as the port does (UnaryWithParam(SOFTPLUS, 1, 20)), -exp(A_log) a
+  row computed once per weight; beta = sigmoid(b).
+- gated_delta_rule: `transformer.chunk_gated_delta_rule` with chunk 32, f32 initial/final state
+  [1, value_heads, key_dim, value_dim], head-major output, the constant tiles passed (made once per
+  mesh). With key_dim == value_dim (after padding both to multiples of 32) the port's rank-3 flat
+  layout is used (raw q/k/v, L2 norm and scale in the kernel); otherwise the rank-4 layout with
+  q/k L2-normalised here (rms_norm with eps 1e-6/K times K^-0.5 equals x / sqrt(sum x^2 + 1e-6)).
+  T is padded to a multiple of 32 with zero rows, g = 0 and beta = 0 (identity state updates, as
+  the port masks padded buckets), and cut into pieces of at most 256 rows with the state carried
+  (the port's limit for the phased kernel). Head dims not multiples of 32 are zero-padded (the op
+  refuses them; zero channels change neither norms nor products), and sliced off after.
+- gated_rms_norm: rms_norm per group with the raw weight, times silu(z) (not fused: the port found
+  the fused form overflows for large z).
+"""
+import numpy as np
+
+from .meta import TILE_SIZE, f32, round_up
+from .programs import precise
+
+# The port's tile of rows per chunk_gated_delta_rule call (8 chunks of 32).
+DELTA_PIECE = 256
+DELTA_CHUNK = 32
+
+
+class DeltaOps:
+    """DeltaNet ops (mesh mixin)."""
+
+    def causal_conv1d_silu(self, x, w, carry, kernel):
+        mx, xo = x
+        t, ch, keep = mx.rows, mx.cols, kernel - 1
+        if kernel < 2:
+            raise ValueError("causal_conv1d_silu: kernel %d (at least 2 taps)" % kernel)
+        call, ttnn, dram = self.tt.call, self.ttnn, self.dram
+        act = xo.t.dtype
+        prev = carry[1].t if carry is not None else self.zeros((1, 1, keep, ch), act)
+        ext = self.concat([prev, xo.t], 2)
+        ext32 = self.typecast(ext, ttnn.float32)
+        acc = None
+        for j in range(kernel):
+            tap = self.row_of(w[1], ("tap", j, kernel), ttnn.float32,
+                              lambda v, j=j: v.reshape(-1, kernel)[:, j])
+            shifted = self.rows(ext32, j, j + t)
+            term = call("multiply", ttnn.multiply, shifted, tap, memory_config=dram)
+            if shifted is not ext32:
+                self.drop(shifted)
+            if acc is None:
+                acc = term
+            else:
+                total = call("add", ttnn.add, acc, term, memory_config=dram)
+                self.drop(acc, term)
+                acc = total
+        y = call("silu", ttnn.silu, acc, memory_config=dram)
+        out = self.typecast(y, act)
+        self.drop(acc, *[v for v in (y, ext32) if v is not out and v is not ext])
+        new_carry = self.rows(ext, t, t + keep)
+        if new_carry is ext:
+            new_carry = call("clone", ttnn.clone, ext, memory_config=dram)
+        self.drop(ext)
+        if carry is None:
+            self.drop(prev)
+        return self.wrap(out), self.wrap(new_carry)
+
+    def delta_gates(self, a, b, a_log, dt_bias):
+        call, ttnn, dram = self.tt.call, self.ttnn, self.dram
+        fp32 = ttnn.float32
+        a32 = self.typecast(a[1].t, fp32)
+        bias = self.row_of(dt_bias[1], "row_f32", fp32)
+        neg_exp = self.row_of(a_log[1], "neg_exp_f32", fp32, lambda v: -np.exp(v))
+        softplus = ttnn.UnaryWithParam(ttnn.UnaryOpType.SOFTPLUS, 1.0, 20.0)
+        sp = call("add", ttnn.add, a32, bias, activations=[softplus], memory_config=dram)
+        g = call("multiply", ttnn.multiply, sp, neg_exp, memory_config=dram)
+        b32 = self.typecast(b[1].t, fp32)
+        beta = call("sigmoid", ttnn.sigmoid, b32, memory_config=dram)
+        self.drop(sp)
+        if a32 is not a[1].t:
+            self.drop(a32)
+        if b32 is not b[1].t:
+            self.drop(b32)
+        return self.wrap(g), self.wrap(beta)
+
+    def delta_constants(self):
+        """eye, tril, ones [1, 1, 32, 32] and the quadrant masks [1, 1, 32, 96], f32, per mesh."""
+        key = ("delta_constants",)
+        hit = self.internal.get(key)
+        if hit is None:
+            c = DELTA_CHUNK
+            i, j = np.arange(32)[:, None], np.arange(32)[None, :]
+            lo_i, lo_j = i < 16, j < 16
+            masks = np.concatenate([(lo_i & lo_j), (~lo_i & ~lo_j), (~lo_i & lo_j)], axis=1)
+            arrays = [np.eye(c), np.tril(np.ones((c, c))), np.ones((c, c)), masks]
+            hit = tuple(self.host_rows([a.astype(np.float32).reshape(1, 1, *a.shape)],
+                                       self.ttnn.float32, self.ttnn.TILE_LAYOUT) for a in arrays)
+            self.keep_internal(key, hit)
+        return hit
+
+    def _pad_heads(self, t, rows, heads, d, dp):
+        """[1, 1, rows, heads*d] -> [1, 1, rows, heads*dp] with zero channels."""
+        if d == dp:
+            return t
+        v = self.reshape(t, (1, rows, heads, d))
+        p = self.pad_end(v, 3, dp)
+        out = self.reshape(p, (1, 1, rows, heads * dp))
+        self.drop(*[x for x in (v, p) if x is not t and x is not out])
+        return out
+
+    def _l2(self, t, d_real, scale):
+        """x / sqrt(sum(x^2) + 1e-6) * scale over the last dim (width dp) of t."""
+        dp = self.shape(t)[-1]
+        n = self.tt.call("rms_norm", self.ttnn.rms_norm, t, epsilon=f32(1e-6 / dp),
+                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+        out = self.tt.call("multiply", self.ttnn.multiply, n, f32(scale * dp ** -0.5),
+                           memory_config=self.dram)
+        self.drop(n)
+        return out
+
+    def gated_delta_rule(self, qkv, g, beta, state, spec):
+        mx, xo = qkv
+        nk, nv = int(spec["key_heads"]), int(spec["value_heads"])
+        dk, dv = int(spec["key_dim"]), int(spec["value_dim"])
+        t = mx.rows
+        if nk <= 0 or nv % nk or mx.cols != 2 * nk * dk + nv * dv:
+            raise ValueError("gated_delta_rule: qkv %dx%d for %d key heads x %d, %d value heads"
+                             " x %d" % (mx.rows, mx.cols, nk, dk, nv, dv))
+        ttnn, call, fp32 = self.ttnn, self.tt.call, self.ttnn.float32
+        dkp, dvp = round_up(dk, TILE_SIZE), round_up(dv, TILE_SIZE)
+        flat = dkp == dvp
+        tp = round_up(t, TILE_SIZE)
+        made = []
+
+        def keep(x):
+            made.append(x)
+            return x
+
+        x = keep(self.pad_end(xo.t, 2, tp))
+        kd = nk * dk
+        q = keep(self._pad_heads(keep(self.cols(x, 0, kd)), tp, nk, dk, dkp))
+        k = keep(self._pad_heads(keep(self.cols(x, kd, 2 * kd)), tp, nk, dk, dkp))
+        v = keep(self._pad_heads(keep(self.cols(x, 2 * kd, 2 * kd + nv * dv)), tp, nv, dv, dvp))
+        gates = []
+        for gt in (g[1].t, beta[1].t):
+            g32 = keep(self.typecast(gt, fp32))
+            gates.append(keep(self.reshape(keep(self.pad_end(g32, 2, tp)), (1, tp, nv))))
+        if flat:
+            scale = dk ** -0.5
+            q = keep(self.reshape(q, (1, tp, nk * dkp)))
+            k = keep(self.reshape(k, (1, tp, nk * dkp)))
+            v = keep(self.reshape(v, (1, tp, nv * dvp)))
+        else:
+            scale = 1.0
+            q = keep(self._l2(keep(self.reshape(q, (1, tp, nk, dkp))), dk, dk ** -0.5))
+            k = keep(self._l2(keep(self.reshape(k, (1, tp, nk, dkp))), dk, 1.0))
+            v = keep(self.reshape(v, (1, tp, nv, dvp)))
+        s = None
+        if state is not None:
+            s0 = self.typecast(state[1].t, fp32)
+            if s0 is not state[1].t:
+                keep(s0)
+            s = keep(self.reshape(s0, (1, nv, dk, dv)))
+            s = keep(self.pad_end(keep(self.pad_end(s, 2, dkp)), 3, dvp))
+        eye, tril, ones, masks = self.delta_constants()
+        outs = []
+        for p0 in range(0, tp, DELTA_PIECE):
+            p1 = min(tp, p0 + DELTA_PIECE)
+            parts = [keep(self.rows3(a, p0, p1)) for a in (q, k, v)]
+            gp, bp = [keep(self.rows3(a, p0, p1)) for a in gates]
+            o, s_next = call("transformer.chunk_gated_delta_rule",
+                             ttnn.transformer.chunk_gated_delta_rule,
+                             parts[0], parts[1], parts[2], gp, bp, scale=f32(scale),
+                             initial_state=s, output_final_state=True, chunk_size=DELTA_CHUNK,
+                             output_head_major=True, eye=eye, tril=tril, ones=ones, masks=masks)
+            outs.append(keep(o))
+            s = keep(s_next)
+        o = keep(self.concat(outs, 1))
+        o4 = keep(self.reshape(o, (1, nv, tp, dvp)))
+        o4 = keep(self.slice(o4, (0, 0, 0, 0), (1, nv, t, dv)))
+        flat_o = self.heads_last(o4)
+        out = self.typecast(flat_o, self.act_dtype)
+        if out is not flat_o:
+            keep(flat_o)
+        s_real = self.slice(s, (0, 0, 0, 0), (1, nv, dk, dv))
+        s_out = self.reshape(s_real, (1, 1, nv * dk, dv))
+        if s_real is not s_out:
+            keep(s_real)
+        inputs = {id(xo.t), id(g[1].t), id(beta[1].t)}
+        if state is not None:
+            inputs.add(id(state[1].t))
+        seen = set()
+        for m in made:
+            if id(m) in inputs or id(m) in seen or m is out or m is s_out:
+                continue
+            seen.add(id(m))
+            self.drop(m)
+        return self.wrap(out), self.wrap(s_out)
+
+    def rows3(self, t, r0, r1):
+        """Rows (dim 1) [r0, r1) of a rank-3 [1, T, X] or rank-4 [1, T, H, D] tensor."""
+        s = self.shape(t)
+        return self.slice(t, (0, r0) + (0,) * (len(s) - 2), (s[0], r1) + s[2:])
+
+    def gated_rms_norm(self, x, z, w, group, eps):
+        mx, xo = x
+        if group <= 0 or mx.cols % group:
+            raise ValueError("gated_rms_norm: %d columns in groups of %d" % (mx.cols, group))
+        gamma = self.gamma(w[1], group, False)
+        y = self.norm_groups(xo.t, mx.rows, mx.cols, group, eps, gamma)
+        sz = self.tt.call("silu", self.ttnn.silu, z[1].t, memory_config=self.dram)
+        out = self.tt.call("multiply", self.ttnn.multiply, y, sz, memory_config=self.dram)
+        self.drop(y, sz)
+        return self.wrap(out)

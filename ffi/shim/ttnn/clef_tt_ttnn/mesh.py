@@ -1,0 +1,182 @@
+"""One opened mesh (clef_tt::DeviceMesh of ffi/shim/backend.hpp): device ids, memory, the
+op statistics, internal per-mesh constants, and every op through its mixins.
+
+Memory: `memory()` is the bytes per device that the mesh's live ABI tensors hold: for every live
+tensor (and a shared KV pool once) its device buffers' footprint as the allocator places them,
+`ceil(pages / DRAM banks) * banks * aligned page size` from the tensor's real buffer
+(`buffer_num_pages`, `buffer_aligned_page_size`; all tensors are DRAM interleaved, so every bank
+holds the same number of pages, and mesh buffers are allocated alike on every device). The
+allocator's own totals (`ttnn.get_memory_view`) are reported by `allocator_bytes()`; they also
+count what ttnn keeps for itself (reshape mapping tensors, CCL buffers) and this mesh's internal
+constants (page tables, DeltaNet constant tiles, rope tables), which are not tensors of the ABI.
+"""
+import weakref
+
+from .attention import Attention
+from .delta import DeltaOps
+from .dispatch import Dispatcher
+from .kv_cache import KV, KvCache
+from .meta import ACTIVATION, BF16, MATRIX, PARTIAL, VECTOR, as_meta, describe as meta_text
+from .tensors import DT, Helpers
+from .text_ops import TextOps
+from .transfers import Transfers, tt_dtype
+from .vision import VisionOps
+
+# Internal tensors a mesh keeps at most (page tables and rope tables beyond are dropped).
+INTERNAL_LIMIT = 64
+
+
+class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps):
+    """An opened 1xN mesh; methods named as DeviceMesh's. Tensor arguments are (meta, obj)
+    pairs; results are the objects the bridge keeps for the core's handles."""
+
+    def __init__(self, ttnn, device, config, parent=None, on_close=None):
+        self.ttnn = ttnn
+        self.device = device
+        self.parent = parent
+        self.config = dict(config)
+        self._on_close = on_close
+        self.tt = Dispatcher(ttnn)
+        self.dram = ttnn.DRAM_MEMORY_CONFIG
+        self.n = int(device.get_num_devices())
+        grid = device.compute_with_storage_grid_size()
+        self.grid = (int(grid.x), int(grid.y))
+        self.act_dtype = ttnn.bfloat16 if int(config.get("activation_dtype", BF16)) == BF16 \
+            else ttnn.float32
+        self.dram_banks = int(ttnn.get_memory_view(device, ttnn.BufferType.DRAM).num_banks)
+        self.internal = {}
+        self.owned = weakref.WeakValueDictionary()
+        self._live = weakref.WeakSet()
+        self.closed = False
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def wrap(self, t, host=None):
+        d = DT(t, host)
+        self.protect(t, d)
+        self._live.add(d)
+        return d
+
+    def tensors(self):
+        """The mesh's internal tensors (page tables, constants, rope tables)."""
+        out = []
+        for v in self.internal.values():
+            out.extend(v if isinstance(v, tuple) else (v,))
+        return out
+
+    def track(self, obj):
+        self._live.add(obj)
+        return obj
+
+    def keep_internal(self, key, value):
+        if len(self.internal) >= INTERNAL_LIMIT:
+            self.drop_internal(next(iter(self.internal)))
+        self.internal[key] = value
+        for t in value if isinstance(value, tuple) else (value,):
+            self.protect(t, self)
+
+    def drop_internal(self, key):
+        value = self.internal.pop(key, None)
+        for t in value if isinstance(value, tuple) else (value,):
+            if t is not None:
+                self.owned.pop(id(t), None)
+                self.drop(t)
+
+    def op_stats(self):
+        """{ttnn op name: (calls, host seconds)} since the last reset_op_stats()."""
+        return self.tt.stats()
+
+    def reset_op_stats(self):
+        self.tt.reset()
+
+    # -- DeviceMesh ------------------------------------------------------------------------------
+    def device_ids(self):
+        return [int(i) for i in self.device.get_device_ids()]
+
+    def memory(self):
+        """Bytes per device held by the mesh's live tensors (see the module docstring)."""
+        seen, total = set(), 0
+        for obj in list(self._live):
+            if isinstance(obj, KV):
+                if obj.released:
+                    continue
+                ts = obj.tensors()
+            else:
+                ts = obj.tensors()
+            for t in ts:
+                if t is None or not t.is_allocated():
+                    continue
+                key = t.buffer_address()
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += self.footprint(t)
+        return [total] * self.n
+
+    def internal_bytes(self):
+        """Bytes per device of this mesh's internal tensors (page tables, window bounds, rope
+        tables, DeltaNet constant tiles): not ABI tensors, so not in memory()."""
+        return sum(self.footprint(t) for t in self.tensors())
+
+    def allocator_bytes(self):
+        """The allocator's allocated bytes per device (DRAM, L1), everything included."""
+        out = {}
+        for name in ("DRAM", "L1"):
+            view = self.ttnn.get_memory_view(self.device, getattr(self.ttnn.BufferType, name))
+            out[name] = int(view.total_bytes_allocated_per_bank) * int(view.num_banks)
+        return out
+
+    def check(self, meta, obj):
+        """Check a result against the Meta the core gives it (Storage::bind): per-device shape,
+        layout and dtype class (activations in the activation dtype or f32 — partial sums,
+        DeltaNet gates and states —, matrices in their dtype, vectors f32 row-major). Placement
+        is not visible in a ttnn tensor and is not checked. Raises ValueError naming both."""
+        meta = as_meta(meta)
+        ttnn = self.ttnn
+        if meta.devices != self.n:
+            raise ValueError("result check: a %s for %d devices on a mesh of %d"
+                             % (meta_text(meta), meta.devices, self.n))
+        if isinstance(obj, KV):
+            p = obj.pool
+            if meta.role != ACTIVATION or obj.rows != meta.rows or p.heads * p.d != meta.cols:
+                raise ValueError("result check: %s, got a KV cache of %d rows x %d heads x %d"
+                                 % (meta_text(meta), obj.rows, p.heads, p.d))
+            return
+        t = obj.t
+        shape = tuple(int(d) for d in t.shape)
+        if meta.role == MATRIX:
+            layout, dtypes = ttnn.TILE_LAYOUT, (tt_dtype(ttnn, meta.dtype),)
+        elif meta.role == VECTOR:
+            layout, dtypes = ttnn.ROW_MAJOR_LAYOUT, (ttnn.float32,)
+        elif meta.placement == PARTIAL:
+            layout, dtypes = ttnn.TILE_LAYOUT, (ttnn.float32,)
+        else:
+            layout, dtypes = ttnn.TILE_LAYOUT, (self.act_dtype, ttnn.float32)
+        if shape != (1, 1, meta.rows, meta.cols) or t.layout != layout or t.dtype not in dtypes:
+            raise ValueError("result check: %s, got a tensor %s %s %s"
+                             % (meta_text(meta), list(shape), t.dtype, t.layout))
+
+    def describe(self):
+        view = self.ttnn.get_memory_view(self.device, self.ttnn.BufferType.DRAM)
+        return {
+            "devices": self.n,
+            "device_ids": self.device_ids(),
+            "compute_grid": list(self.grid),
+            "dram_bytes_per_device": int(view.total_bytes_per_bank) * int(view.num_banks),
+            "dram_banks": int(view.num_banks),
+            "activation_dtype": "bf16" if self.act_dtype == self.ttnn.bfloat16 else "f32",
+        }
+
+    def close(self):
+        """Close the mesh (the core guarantees no ABI tensor is alive)."""
+        if self.closed:
+            return
+        self.closed = True
+        ttnn = self.ttnn
+        for key in list(self.internal):
+            self.drop_internal(key)
+        try:
+            ttnn.synchronize_device(self.device)
+        finally:
+            ttnn.close_mesh_device(self.device)
+            if self._on_close is not None:
+                self._on_close()

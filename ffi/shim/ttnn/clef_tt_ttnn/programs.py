@@ -1,0 +1,111 @@
+"""Compute kernel and program configs, chosen as the Tenstorrent port chooses them.
+
+- Matmuls (`linear`): the profile's fidelity (EXACT runs HiFi4), fp32 destination accumulation
+  and packer L1 accumulation as the ABI config says, approx mode off. Prefill-sized matmuls
+  (more than one tile of rows) get the port's 2-D multicast program config
+  (housTT/tt-metal qwen36 tt/tp_common.py `create_prefill_mlp_matmul_program_config` with the
+  device's grid width, TP<=4 tuning): the grid width that maximises the output subblock
+  (ties to more columns), up to 10 grid rows, one-row subblocks at most 4 tiles wide,
+  in0_block_w the largest divisor of K's tiles not above min(4, K tiles / columns) whose
+  circular buffers fit MATMUL_CB_BUDGET. Single-tile M, and shapes no in0_block_w fits (ttnn
+  refuses them: "Statically allocated ... buffers ... beyond max L1 size"), are left to ttnn's
+  own choice, as the port does for decode-sized calls.
+- Attention (SDPA): HiFi4 with fp32 accumulation (the ABI asks for fp32 attention; the port
+  runs HiFi2), q/k chunks as the port's paged prefill picks them (`sdpa_chunks`).
+- Norms: HiFi4 with fp32 accumulation.
+"""
+import math
+
+from .meta import EXACT, LOFI, HIFI2, HIFI3, TILE_SIZE
+
+
+def math_fidelity(ttnn, fidelity):
+    return {LOFI: ttnn.MathFidelity.LoFi, HIFI2: ttnn.MathFidelity.HiFi2,
+            HIFI3: ttnn.MathFidelity.HiFi3}.get(fidelity, ttnn.MathFidelity.HiFi4)
+
+
+def kernel_config(ttnn, fidelity, fp32_dest_acc, packer_l1_acc):
+    return ttnn.WormholeComputeKernelConfig(
+        math_fidelity=math_fidelity(ttnn, fidelity), math_approx_mode=False,
+        fp32_dest_acc_en=bool(fp32_dest_acc), packer_l1_acc=bool(packer_l1_acc))
+
+
+def precise(ttnn):
+    """HiFi4, fp32 accumulation: attention and norms."""
+    return kernel_config(ttnn, EXACT, True, False)
+
+
+def _subblock_w(per_core_n, subblock_h=1):
+    for w in range(min(per_core_n, 4 // subblock_h), 0, -1):
+        if per_core_n % w == 0:
+            return w
+    return 1
+
+
+def _best_cols(n_tiles, max_cols):
+    best_cols, best_key = 1, None
+    for cols in range(1, max_cols + 1):
+        key = (_subblock_w(math.ceil(n_tiles / cols)), cols)
+        if best_key is None or key > best_key:
+            best_key, best_cols = key, cols
+    return best_cols
+
+
+# Bytes of circular buffers a matmul program may take per core (of Blackhole's 1.5 MiB L1; the
+# rest stays for other buffers, as the port found L1 outputs and CBs competing).
+MATMUL_CB_BUDGET = 1024 * 1024
+
+
+def matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile, out_tile):
+    """Estimated circular-buffer bytes per core of the 2-D multicast matmul: double-buffered
+    in0/in1 blocks, the output block and an fp32 partial-sum block."""
+    return (2 * per_core_m * in0_block_w * in0_tile + 2 * in0_block_w * per_core_n * in1_tile
+            + per_core_m * per_core_n * (out_tile + 4096))
+
+
+def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
+    """The port's 2-D prefill program config for [m, k] x [k, n]; None (ttnn's own choice) for
+    single-tile m, or when no in0_block_w keeps its circular buffers within MATMUL_CB_BUDGET
+    (very wide outputs such as a fused gate|up of 17408 columns per device)."""
+    if m <= TILE_SIZE:
+        return None
+    m_tiles = math.ceil(m / TILE_SIZE)
+    k_tiles = math.ceil(k / TILE_SIZE)
+    n_tiles = math.ceil(n / TILE_SIZE)
+    grid_x, grid_y = int(grid[0]), min(10, int(grid[1]))
+    cols = _best_cols(n_tiles, grid_x)
+    per_core_m = max(1, math.ceil(m_tiles / grid_y))
+    per_core_n = max(1, math.ceil(n_tiles / cols))
+    cap = min(4, max(1, k_tiles // cols))
+    for in0_block_w in range(cap, 0, -1):
+        if k_tiles % in0_block_w:
+            continue
+        if matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile,
+                           out_tile) <= MATMUL_CB_BUDGET:
+            break
+    else:
+        return None
+    return ttnn.MatmulMultiCoreReuseMultiCastProgramConfig(
+        compute_with_storage_grid_size=(cols, grid_y), in0_block_w=in0_block_w,
+        out_subblock_h=1, out_subblock_w=_subblock_w(per_core_n), per_core_M=per_core_m,
+        per_core_N=per_core_n, transpose_mcast=False, fused_activation=None, fuse_batch=False)
+
+
+def lowbit(n):
+    return n & -n
+
+
+def sdpa_chunks(q_len, start):
+    """(q_chunk, k_chunk) of the port's chunked prefill SDPA for `q_len` queries at 32-aligned
+    `start`: 128 for q_len >= 2048 else 64, capped by start's alignment; 64-row q chunks for a
+    2048-row chunk."""
+    cap = 128 if q_len >= 2048 else 64
+    qk = cap if start == 0 else min(cap, lowbit(start))
+    q_chunk = 64 if q_len == 2048 else qk
+    return q_chunk, qk
+
+
+def sdpa_program(ttnn, grid, q_chunk, k_chunk):
+    return ttnn.SDPAProgramConfig(compute_with_storage_grid_size=(int(grid[0]), int(grid[1])),
+                                  q_chunk_size=q_chunk, k_chunk_size=k_chunk,
+                                  exp_approx_mode=False)

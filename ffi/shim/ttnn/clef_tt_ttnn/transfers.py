@@ -1,0 +1,183 @@
+"""Uploads, downloads, stored bytes, device copies and sizes of ABI tensors (a mesh mixin).
+
+Matrix uploads keep the host's packed tile bytes exactly: ttnn 0.81.1 has no Python constructor
+that wraps raw tile bytes in a TensorSpec (`ttnn.Tensor(...)` and `ttnn.from_buffer` convert
+values; `HostBuffer` has no Python constructor taking bytes; the dlpack view of a host buffer is
+read-only). Its tensor file format, however, is a 384-byte flatbuffer header followed by the host
+buffer's bytes verbatim, and `ttnn.load_tensor` reads that buffer back without conversion. So a
+matrix part is uploaded as: the header of a tensor of the same shape, dtype and TILE layout (made
+once per shape by dumping a zero tensor, cached), then the part's bytes, written to a private
+file in /dev/shm and loaded with `ttnn.load_tensor`, then `ttnn.to_device`. Sharded parts become
+one mesh tensor with `ttnn.from_host_shards`; a replicated part is copied to every device by
+`to_device`. `host_matrix` is the host tensor of that path (tests read its bytes back through
+`host_buffer()` + dlpack and compare).
+"""
+import atexit
+import itertools
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from .meta import (MATRIX, VECTOR, REPLICATED, F32, BF16, BFP8_B, BFP4_B, packed_bytes,
+                   stored_bytes, describe)
+from .kv_cache import KV
+
+_tmp_dir = None
+_counter = itertools.count()
+_headers = {}
+
+
+def _scratch_dir():
+    global _tmp_dir
+    if _tmp_dir is None:
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        _tmp_dir = tempfile.mkdtemp(prefix="clef_tt_ttnn_", dir=base)
+        atexit.register(shutil.rmtree, _tmp_dir, True)
+    return _tmp_dir
+
+
+def tt_dtype(ttnn, dtype):
+    return {F32: ttnn.float32, BF16: ttnn.bfloat16, BFP8_B: ttnn.bfloat8_b,
+            BFP4_B: ttnn.bfloat4_b}[dtype]
+
+
+def _header(ttnn, rows, cols, dtype):
+    """The tensor-file header of a [1, 1, rows, cols] TILE host tensor of `dtype`."""
+    key = (rows, cols, dtype)
+    h = _headers.get(key)
+    if h is None:
+        zero = ttnn.Tensor(np.zeros((1, 1, rows, cols), np.float32),
+                           data_type=tt_dtype(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
+        path = os.path.join(_scratch_dir(), "header_%d.tensorbin" % next(_counter))
+        try:
+            ttnn.dump_tensor(path, zero)
+            size = os.path.getsize(path)
+            payload = packed_bytes(rows, cols, dtype)
+            with open(path, "rb") as f:
+                h = f.read(size - payload)
+        finally:
+            os.unlink(path)
+        _headers[key] = h
+    return h
+
+
+def host_matrix(ttnn, rows, cols, dtype, data):
+    """A host TILE tensor [1, 1, rows, cols] of `dtype` whose buffer is `data` byte for byte."""
+    path = os.path.join(_scratch_dir(), "part_%d_%d.tensorbin" % (os.getpid(), next(_counter)))
+    try:
+        with open(path, "wb") as f:
+            f.write(_header(ttnn, rows, cols, dtype))
+            f.write(data)
+        return ttnn.load_tensor(path)
+    finally:
+        os.unlink(path)
+
+
+def host_bytes(t):
+    """The raw bytes of a single-shard host tensor's buffer (the shard may sit at any mesh
+    coordinate: a device's part read back keeps its device's coordinate)."""
+    import ttnn
+    buf = t.host_buffer()
+    shape = buf.shape()
+    dims = [int(shape[i]) for i in range(shape.dims())]
+    for coord in itertools.product(*[range(d) for d in dims]):
+        shard = buf.get_shard(ttnn.MeshCoordinate(*coord))
+        if shard is not None:
+            return np.from_dlpack(shard).tobytes()
+    raise ValueError("read_stored: the host tensor holds no shard")
+
+
+class Transfers:
+    """upload / download / read_stored / device_bytes / copy / free of the mesh."""
+
+    def upload(self, meta, parts):
+        """`parts`: bytes-like per device, or one (replicated). Returns the tensor's object."""
+        ttnn = self.ttnn
+        parts = [memoryview(p).cast("B") for p in parts]
+        want = stored_bytes(meta)
+        for i, p in enumerate(parts):
+            if len(p) != want:
+                raise ValueError("upload: part %d has %d bytes, a %s takes %d"
+                                 % (i, len(p), describe(meta), want))
+        if len(parts) not in (1, self.n):
+            raise ValueError("upload: %d parts for a mesh of %d devices" % (len(parts), self.n))
+        if meta.placement == REPLICATED:
+            parts = parts[:1]
+        if meta.role == MATRIX:
+            hosts = [self.tt.call("load_tensor", host_matrix, ttnn, meta.rows, meta.cols,
+                                  meta.dtype, p) for p in parts]
+            host = hosts[0] if len(hosts) == 1 else self.tt.call(
+                "from_host_shards", ttnn.from_host_shards, hosts, self.device.shape)
+            return self.wrap(self.tt.call("to_device", ttnn.to_device, host, self.device,
+                                          memory_config=self.dram))
+        arrays = [np.frombuffer(p, dtype=np.float32).reshape(1, 1, meta.rows, meta.cols)
+                  for p in parts]
+        if meta.role == VECTOR:
+            t = self.host_rows(arrays, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
+            host = [a.reshape(meta.rows, meta.cols).copy() for a in arrays]
+            return self.wrap(t, host=host)
+        return self.wrap(self.host_rows(arrays, self.act_dtype, ttnn.TILE_LAYOUT))
+
+    def _device_part(self, t, device):
+        """Device `device`'s shard of mesh tensor `t`, read back to the host."""
+        shard = self.ttnn.get_device_tensors(t)[device]
+        return self.tt.call("from_device", self.ttnn.from_device, shard)
+
+    def _check_device(self, op, device):
+        if not 0 <= device < self.n:
+            raise ValueError("%s: device %d of a mesh of %d" % (op, device, self.n))
+
+    def download(self, meta, obj, device):
+        """Device `device`'s part as row-major f32 [rows, cols] bytes (matrices decoded)."""
+        self._check_device("download", device)
+        ttnn = self.ttnn
+        t = self.kv_rows(obj) if isinstance(obj, KV) else obj.t
+        part = self._device_part(t, device)
+        if part.dtype != ttnn.float32:
+            part = ttnn.to_dtype(part, ttnn.float32)
+        a = part.to_numpy().reshape(-1)
+        n = meta.rows * meta.cols
+        if a.size < n:
+            raise ValueError("download: the device returned %d values, %s holds %d"
+                             % (a.size, describe(meta), n))
+        if isinstance(obj, KV):
+            self.drop(t)
+        return np.ascontiguousarray(a[:n], dtype=np.float32).tobytes()
+
+    def read_stored(self, meta, obj, device):
+        """Device `device`'s part as uploaded: tile bytes of a matrix, f32 rows otherwise."""
+        self._check_device("read_stored", device)
+        if meta.role != MATRIX:
+            return self.download(meta, obj, device)
+        data = host_bytes(self._device_part(obj.t, device))
+        return data[:stored_bytes(meta)]
+
+    def footprint(self, t):
+        """Bytes one device's allocator holds for device tensor `t` (interleaved: the same
+        number of pages in every bank)."""
+        if t is None or not t.is_allocated():
+            return 0
+        pages, page = t.buffer_num_pages(), t.buffer_aligned_page_size()
+        banks = self.dram_banks
+        return (pages + banks - 1) // banks * banks * page
+
+    def device_bytes(self, meta, obj):
+        """Device memory of all parts together (a paged KV cache: its whole pool)."""
+        ts = obj.tensors()
+        return sum(self.footprint(t) for t in ts) * self.n
+
+    def copy(self, meta, obj):
+        """A new tensor with its own device buffers and the same values (ttnn.clone)."""
+        if isinstance(obj, KV):
+            return self.kv_copy(obj)
+        return self.wrap(self.tt.call("clone", self.ttnn.clone, obj.t, memory_config=self.dram),
+                         host=obj.host)
+
+    def free(self, meta, obj):
+        """Release the tensor's device buffers now (the bridge calls this when the ABI frees it;
+        dropping the last reference has the same effect later)."""
+        if obj is None:
+            return
+        obj.release(self.ttnn)

@@ -1,0 +1,418 @@
+// The ttnn backend of the shim: the core's Backend and DeviceMesh (backend.hpp) as calls into
+// the Python package clef_tt_ttnn (beside this file), which drives ttnn 0.81.1 through its
+// public Python API. The core has checked every argument and computed every result's Meta
+// before a call reaches here; this file only marshals: a tensor goes to Python as the pair
+// (Meta, the object Python returned for it), scalars and configs as ints, floats and dicts,
+// host bytes as memoryviews (copied by Python before the call returns).
+//
+// The GIL is taken per call (any thread may call); Python exceptions become the shim's errors
+// (interpreter.hpp) and never cross the C ABI. Every Python object the shim keeps is released
+// with the GIL held: a tensor's device buffers are freed (Mesh.free) when the ABI frees it.
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "backend.hpp"
+#include "interpreter.hpp"
+
+namespace clef_tt::ttnn_bridge {
+
+namespace {
+
+// A Python object shared by C++ owners, released with the GIL held whatever thread drops it.
+using Shared = std::shared_ptr<py::object>;
+
+Shared share(py::object o) {
+  return Shared(new py::object(std::move(o)), [](py::object* p) {
+    try {
+      py::gil_scoped_acquire gil;
+      delete p;
+    } catch (...) {
+      // Dropping a reference cannot be reported; the object is leaked rather than crash.
+    }
+  });
+}
+
+py::dict config_dict(const clef_tt_mesh_config& c) {
+  py::dict d;
+  d["cols"] = c.cols;
+  d["parent_cols"] = c.parent_cols;
+  d["submesh_offset"] = c.submesh_offset;
+  d["num_command_queues"] = c.num_command_queues;
+  d["l1_small_size"] = c.l1_small_size;
+  d["trace_region_size"] = c.trace_region_size;
+  d["activation_dtype"] = static_cast<int>(c.activation_dtype);
+  return d;
+}
+
+py::object meta_object(const Meta& m) {
+  static py::object* cls = nullptr;  // clef_tt_ttnn.Meta, kept for the process
+  if (cls == nullptr) cls = new py::object(py::module_::import("clef_tt_ttnn").attr("Meta"));
+  return (*cls)(m.rows, m.cols, m.devices, static_cast<int>(m.dtype), static_cast<int>(m.layout),
+                static_cast<int>(m.role), static_cast<int>(m.placement));
+}
+
+// One ABI tensor: the object clef_tt_ttnn returned for it.
+class PyStorage : public Storage {
+ public:
+  PyStorage(Shared mesh, py::object obj) : mesh_(std::move(mesh)), obj_(share(std::move(obj))) {}
+
+  ~PyStorage() override {
+    try {
+      py::gil_scoped_acquire gil;
+      // The device buffers go now, not at Python's next collection.
+      mesh_->attr("free")(py::none(), *obj_);
+    } catch (...) {
+      // A failed free leaves the buffers to Python's collector; nothing can be reported here.
+    }
+  }
+
+  // The result must be what the core promises (per-device shape, placement, dtype class).
+  void bind(const Meta& meta) override {
+    with_python("result check", [&] { mesh_->attr("check")(meta_object(meta), *obj_); });
+  }
+
+  const py::object& obj() const { return *obj_; }
+
+ private:
+  Shared mesh_;
+  Shared obj_;
+};
+
+const PyStorage& storage(const TensorView& t) { return static_cast<const PyStorage&>(t.storage); }
+
+py::tuple arg(const TensorView& t) { return py::make_tuple(meta_object(t.meta), storage(t).obj()); }
+
+py::object optional_arg(const TensorView* t) {
+  return t == nullptr ? py::object(py::none()) : py::object(arg(*t));
+}
+
+py::bytes float_bytes(const std::vector<float>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// The bytes object `b` copied into `out`, which holds exactly `want` bytes.
+void copy_out(const char* op, const py::object& b, uint8_t* out, uint64_t want) {
+  std::string_view data = py::cast<std::string_view>(py::bytes(b));
+  if (data.size() != want) {
+    throw Error(CLEF_TT_INTERNAL, std::string(op) + ": clef_tt_ttnn returned " +
+                                      std::to_string(data.size()) + " bytes, expected " +
+                                      std::to_string(want));
+  }
+  std::memcpy(out, data.data(), want);
+}
+
+class PyParent : public ParentMesh {
+ public:
+  explicit PyParent(Shared parent) : parent(std::move(parent)) {}
+  ~PyParent() override {
+    try {
+      py::gil_scoped_acquire gil;
+      parent->attr("close")();
+    } catch (...) {
+      // Closing must not throw; the next process resets the chips at open.
+    }
+  }
+  Shared parent;
+};
+
+class PyMesh : public DeviceMesh {
+ public:
+  explicit PyMesh(py::object mesh) : mesh_(share(std::move(mesh))) {}
+
+  ~PyMesh() override {
+    try {
+      py::gil_scoped_acquire gil;
+      mesh_->attr("close")();
+    } catch (...) {
+      // As ~PyParent.
+    }
+  }
+
+  std::vector<uint32_t> device_ids() const override {
+    return with_python("device_ids", [&] {
+      return py::cast<std::vector<uint32_t>>(mesh_->attr("device_ids")());
+    });
+  }
+
+  std::vector<uint64_t> memory() const override {
+    return with_python("memory", [&] {
+      return py::cast<std::vector<uint64_t>>(mesh_->attr("memory")());
+    });
+  }
+
+  std::string describe() override {
+    return with_python("describe", [&] {
+      return py::cast<std::string>(py::module_::import("json").attr("dumps")(
+          mesh_->attr("describe")()));
+    });
+  }
+
+  std::string take_op_stats() override {
+    return with_python("op_stats", [&] {
+      py::object stats = mesh_->attr("op_stats")();
+      mesh_->attr("reset_op_stats")();
+      return py::cast<std::string>(py::module_::import("json").attr("dumps")(stats));
+    });
+  }
+
+  StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) override {
+    return op("upload", [&] {
+      py::list views;
+      for (const HostBytes& p : parts) {
+        views.append(py::memoryview::from_memory(p.data, static_cast<ssize_t>(p.bytes)));
+      }
+      return mesh_->attr("upload")(meta_object(meta), views);
+    });
+  }
+
+  void download(const TensorView& t, uint32_t device, float* out) override {
+    with_python("download", [&] {
+      py::object b = mesh_->attr("download")(meta_object(t.meta), storage(t).obj(), device);
+      copy_out("download", b, reinterpret_cast<uint8_t*>(out),
+               static_cast<uint64_t>(t.meta.rows) * t.meta.cols * sizeof(float));
+    });
+  }
+
+  void read_stored(const TensorView& t, uint32_t device, uint8_t* out) override {
+    with_python("read_stored", [&] {
+      py::object b = mesh_->attr("read_stored")(meta_object(t.meta), storage(t).obj(), device);
+      copy_out("read_stored", b, out, stored_bytes(t.meta));
+    });
+  }
+
+  uint64_t device_bytes(const TensorView& t) override {
+    return with_python("device_bytes", [&] {
+      return py::cast<uint64_t>(
+          mesh_->attr("device_bytes")(meta_object(t.meta), storage(t).obj()));
+    });
+  }
+
+  StoragePtr copy(const TensorView& t) override {
+    return op("copy", [&] { return mesh_->attr("copy")(meta_object(t.meta), storage(t).obj()); });
+  }
+
+  StoragePtr linear(const TensorView& x, const TensorView& w,
+                    const clef_tt_matmul_config& c) override {
+    return op("linear", [&] {
+      py::dict config;
+      config["fidelity"] = static_cast<int>(c.fidelity);
+      config["fp32_dest_acc"] = c.fp32_dest_acc != 0;
+      config["bf16_activations"] = c.bf16_activations != 0;
+      config["packer_l1_acc"] = c.packer_l1_acc != 0;
+      return mesh_->attr("linear")(arg(x), arg(w), config);
+    });
+  }
+
+  StoragePtr all_reduce(const TensorView& x) override {
+    return op("all_reduce", [&] { return mesh_->attr("all_reduce")(arg(x)); });
+  }
+
+  std::vector<StoragePtr> split_cols(const TensorView& x,
+                                     const std::vector<uint32_t>& widths) override {
+    return with_python("split_cols", [&] {
+      py::list parts = mesh_->attr("split_cols")(arg(x), widths);
+      std::vector<StoragePtr> out;
+      for (py::handle p : parts) out.push_back(wrap(py::reinterpret_borrow<py::object>(p)));
+      if (out.size() != widths.size()) {
+        throw Error(CLEF_TT_INTERNAL, "split_cols: clef_tt_ttnn returned " +
+                                          std::to_string(out.size()) + " parts, expected " +
+                                          std::to_string(widths.size()));
+      }
+      return out;
+    });
+  }
+
+  StoragePtr add(const TensorView& a, const TensorView& b) override {
+    return op("add", [&] { return mesh_->attr("add")(arg(a), arg(b)); });
+  }
+
+  StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
+                      bool one_plus) override {
+    return op("rms_norm",
+              [&] { return mesh_->attr("rms_norm")(arg(x), arg(w), group, eps, one_plus); });
+  }
+
+  StoragePtr swiglu(const TensorView& gate_up) override {
+    return op("swiglu", [&] { return mesh_->attr("swiglu")(arg(gate_up)); });
+  }
+
+  StoragePair split_query_gate(const TensorView& qg, uint32_t heads,
+                               uint32_t head_dim) override {
+    return pair("split_query_gate",
+                [&] { return mesh_->attr("split_query_gate")(arg(qg), heads, head_dim); });
+  }
+
+  StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
+                  uint32_t head_dim) override {
+    return op("rope", [&] {
+      py::tuple t = py::make_tuple(tables.rows, tables.half, float_bytes(tables.cos),
+                                   float_bytes(tables.sin));
+      return mesh_->attr("rope")(arg(x), t, heads, head_dim);
+    });
+  }
+
+  StoragePtr append_rows(const TensorView* cache, const TensorView& rows,
+                         uint32_t heads) override {
+    return op("append_rows",
+              [&] { return mesh_->attr("append_rows")(optional_arg(cache), arg(rows), heads); });
+  }
+
+  StoragePtr causal_attention(const TensorView& q, const TensorView& keys,
+                              const TensorView& values, uint32_t heads, uint32_t kv_heads,
+                              uint32_t head_dim) override {
+    return op("causal_attention", [&] {
+      return mesh_->attr("causal_attention")(arg(q), arg(keys), arg(values), heads, kv_heads,
+                                             head_dim);
+    });
+  }
+
+  StoragePtr mul_sigmoid(const TensorView& x, const TensorView& gate) override {
+    return op("mul_sigmoid", [&] { return mesh_->attr("mul_sigmoid")(arg(x), arg(gate)); });
+  }
+
+  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w,
+                                 const TensorView* carry, uint32_t kernel) override {
+    return pair("causal_conv1d_silu", [&] {
+      return mesh_->attr("causal_conv1d_silu")(arg(x), arg(w), optional_arg(carry), kernel);
+    });
+  }
+
+  StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
+                          const TensorView& dt_bias) override {
+    return pair("delta_gates", [&] {
+      return mesh_->attr("delta_gates")(arg(a), arg(b), arg(a_log), arg(dt_bias));
+    });
+  }
+
+  StoragePair gated_delta_rule(const TensorView& qkv, const TensorView& g, const TensorView& beta,
+                               const TensorView* state, const clef_tt_delta_spec& s) override {
+    return pair("gated_delta_rule", [&] {
+      py::dict spec;
+      spec["key_heads"] = s.key_heads;
+      spec["value_heads"] = s.value_heads;
+      spec["key_dim"] = s.key_dim;
+      spec["value_dim"] = s.value_dim;
+      return mesh_->attr("gated_delta_rule")(arg(qkv), arg(g), arg(beta), optional_arg(state),
+                                             spec);
+    });
+  }
+
+  StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
+                            uint32_t group, float eps) override {
+    return op("gated_rms_norm", [&] {
+      return mesh_->attr("gated_rms_norm")(arg(x), arg(z), arg(w), group, eps);
+    });
+  }
+
+  StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
+                        float eps) override {
+    return op("layer_norm",
+              [&] { return mesh_->attr("layer_norm")(arg(x), arg(w), arg(b), eps); });
+  }
+
+  StoragePtr add_bias(const TensorView& x, const TensorView& b) override {
+    return op("add_bias", [&] { return mesh_->attr("add_bias")(arg(x), arg(b)); });
+  }
+
+  StoragePtr gelu(const TensorView& x, clef_tt_gelu_kind kind) override {
+    return op("gelu", [&] { return mesh_->attr("gelu")(arg(x), static_cast<int>(kind)); });
+  }
+
+  StoragePtr rotary(const TensorView& x, const TensorView& cos, const TensorView& sin,
+                    uint32_t heads, uint32_t head_dim) override {
+    return op("rotary", [&] {
+      return mesh_->attr("rotary")(arg(x), arg(cos), arg(sin), heads, head_dim);
+    });
+  }
+
+  StoragePtr segment_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                               uint32_t heads, uint32_t head_dim,
+                               const std::vector<Segment>& segments) override {
+    return op("segment_attention", [&] {
+      py::list list;
+      for (const Segment& s : segments) list.append(py::make_tuple(s.start, s.end));
+      return mesh_->attr("segment_attention")(arg(q), arg(k), arg(v), heads, head_dim, list);
+    });
+  }
+
+  StoragePtr fold_rows(const TensorView& x, uint32_t group) override {
+    return op("fold_rows", [&] { return mesh_->attr("fold_rows")(arg(x), group); });
+  }
+
+ private:
+  StoragePtr wrap(py::object o) { return std::make_unique<PyStorage>(mesh_, std::move(o)); }
+
+  // One result from `body` (a Python call returning the result's object).
+  template <class F>
+  StoragePtr op(const char* what, F&& body) {
+    return with_python(what, [&] { return wrap(body()); });
+  }
+
+  // Two results from `body` (a Python call returning a pair).
+  template <class F>
+  StoragePair pair(const char* what, F&& body) {
+    return with_python(what, [&] {
+      py::tuple t = body();
+      if (t.size() != 2) {
+        throw Error(CLEF_TT_INTERNAL, std::string(what) + ": clef_tt_ttnn returned " +
+                                          std::to_string(t.size()) + " results, expected 2");
+      }
+      return StoragePair(wrap(t[0]), wrap(t[1]));
+    });
+  }
+
+  Shared mesh_;
+};
+
+class PyBackend : public Backend {
+ public:
+  const char* name() const override { return "ttnn"; }
+
+  uint32_t visible_devices() override {
+    return with_python("visible_devices",
+                       [&] { return py::cast<uint32_t>(python_backend().attr("visible_devices")()); });
+  }
+
+  std::string describe() override {
+    return with_python("describe", [&] {
+      return py::cast<std::string>(py::module_::import("json").attr("dumps")(
+          python_backend().attr("describe")()));
+    });
+  }
+
+  std::unique_ptr<DeviceMesh> open(const clef_tt_mesh_config& config) override {
+    return with_python("open", [&] {
+      return std::make_unique<PyMesh>(python_backend().attr("open")(config_dict(config)));
+    });
+  }
+
+  std::shared_ptr<ParentMesh> open_parent(const clef_tt_mesh_config& config) override {
+    return with_python("open_parent", [&] {
+      return std::make_shared<PyParent>(
+          share(python_backend().attr("open_parent")(config_dict(config))));
+    });
+  }
+
+  std::unique_ptr<DeviceMesh> open_submesh(const std::shared_ptr<ParentMesh>& parent,
+                                           const clef_tt_mesh_config& config) override {
+    return with_python("open_submesh", [&] {
+      const auto& p = static_cast<const PyParent&>(*parent);
+      return std::make_unique<PyMesh>(
+          python_backend().attr("open_submesh")(*p.parent, config_dict(config)));
+    });
+  }
+};
+
+}  // namespace
+
+}  // namespace clef_tt::ttnn_bridge
+
+namespace clef_tt {
+
+Backend& backend() {
+  static ttnn_bridge::PyBackend b;
+  return b;
+}
+
+}  // namespace clef_tt

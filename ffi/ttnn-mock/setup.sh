@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The mock-device kit: the real ttnn 0.81.1 (PyPI wheel) on tt-metal's mock cluster, for the ttnn
+# shim's tests (no hardware). Makes, under DIR:
+#   venv/    CPython 3.12 (else 3.10) with ttnn==0.81.1 and pybind11 (the shim's build needs it)
+#   rt/      the runtime root: the installed ttnn package as it is, with
+#            runtime/sfpi/compiler/bin/riscv-tt-elf-g++ the stand-in compiler beside this file
+#   cache/   a private TT_METAL_CACHE (placeholder kernels carry the real cache key: never let
+#            them into ~/.cache/tt-metal-cache, where a real chip would later load them)
+#   env.sh   the environment: source it, then `cargo build` builds libclef_tt_ttnn.so and
+#            `clef-tt devices --device tt` opens the mock P150x2 (hardware: mock)
+# usage: ffi/ttnn-mock/setup.sh DIR && source DIR/env.sh
+# The cluster descriptors: blackhole_2xP150.yaml (two P150 chips, both on PCIe, four ethernet
+# links between them, the harvest masks P150 boards report) is the default; clef_tt_mock_chips 1
+# (a function env.sh defines) switches to blackhole_P150.yaml (one chip), 2 back.
+# TT_MOCK_GXX=stub makes the stand-in write placeholder kernels so ops dispatch; fail makes every
+# kernel compile fail (op validation, which comes first, still runs).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+[ $# -eq 1 ] || { echo "usage: $0 DIR" >&2; exit 2; }
+dir="$(mkdir -p "$1" && cd "$1" && pwd)"
+py="${TT_MOCK_PYTHON:-}"
+if [ -z "$py" ]; then
+  pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+  for c in python3.12 "$pyenv_root"/versions/3.12*/bin/python3.12 python3.10 "$pyenv_root"/versions/3.10*/bin/python3.10; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys' 2>/dev/null; then py="$(command -v "$c")"; break; fi
+  done
+fi
+[ -n "$py" ] || { echo "ttnn 0.81.1 has wheels for CPython 3.12 and 3.10 only; none found (set TT_MOCK_PYTHON)" >&2; exit 1; }
+[ -x "$dir/venv/bin/python" ] || "$py" -m venv "$dir/venv"
+"$dir/venv/bin/python" -c 'import ttnn, pybind11' 2>/dev/null ||
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "ttnn==0.81.1" "pybind11==3.*"
+pkg="$("$dir/venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("ttnn").submodule_search_locations[0])')"
+rt="$dir/rt"
+rm -rf "$rt"
+mkdir -p "$rt/runtime/sfpi/compiler/bin" "$dir/cache"
+for f in "$pkg"/*; do
+  [ "$(basename "$f")" = runtime ] || ln -s "$f" "$rt/$(basename "$f")"
+done
+# runtime/: the package's (hw/: linker scripts, firmware sources) plus the stand-in sfpi.
+for f in "$pkg"/runtime/*; do
+  [ "$(basename "$f")" = sfpi ] || ln -s "$f" "$rt/runtime/$(basename "$f")"
+done
+ln -s "$here/riscv-tt-elf-g++" "$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+cat >"$dir/env.sh" <<ENV
+# The mock-device kit's environment (ffi/ttnn-mock/setup.sh).
+export TT_METAL_RUNTIME_ROOT=$rt
+export TT_METAL_MOCK_CLUSTER_DESC_PATH=$here/blackhole_2xP150.yaml
+export TT_METAL_CACHE=$dir/cache/
+export TT_MOCK_GXX=\${TT_MOCK_GXX:-stub}
+export CLEF_TT_PYTHON=$dir/venv/bin/python
+# One chip (P150) or two (P150x2).
+clef_tt_mock_chips() {
+  case "\$1" in
+    1) export TT_METAL_MOCK_CLUSTER_DESC_PATH=$here/blackhole_P150.yaml ;;
+    2) export TT_METAL_MOCK_CLUSTER_DESC_PATH=$here/blackhole_2xP150.yaml ;;
+    *) echo "clef_tt_mock_chips 1|2" >&2; return 2 ;;
+  esac
+}
+ENV
+echo "mock kit ready in $dir: source $dir/env.sh"

@@ -1,0 +1,233 @@
+//! clef-tt through the ttnn shim on the real ttnn 0.81.1 runtime in tt-metal's mock mode: a
+//! mock P150 and P150x2 (ffi/ttnn-mock). What a mock device can tell is checked: the meshes open
+//! as the port opens them, every op of every golden request (text and media, under `selected`
+//! and `bf16`, new and repeated states) is accepted by ttnn's own validation, dispatched and
+//! allocated by its runtime, every request is answered with the golden's questions and option
+//! sets, and a call ttnn refuses becomes a 500 naming ttnn's failed condition after which the
+//! worker goes on. What it cannot tell: the values (device data are not computed in mock mode,
+//! so answers are compared in structure only) and speed.
+//!
+//! Runs where the ttnn shim was built (`CLEF_TT_PYTHON` at build time) and the kit's environment
+//! is set (`ffi/ttnn-mock/setup.sh DIR && source DIR/env.sh`); otherwise each test says why it
+//! is skipped and passes, unless `CLEF_REQUIRE_TT_MOCK=1` (CI), which makes that a failure.
+
+mod common;
+
+use common::process::{assert_succeeded, clef_tt, spawn_logged, Server};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The ttnn shim, when it and the mock kit are there.
+fn kit() -> Option<&'static str> {
+    let shim = tt_metal_sys::TTNN_SHIM;
+    let env = std::env::var_os("TT_METAL_MOCK_CLUSTER_DESC_PATH").is_some();
+    let why = if shim.is_empty() || !Path::new(shim).is_file() {
+        "the ttnn shim was not built (CLEF_TT_PYTHON unset at build time)"
+    } else if !env {
+        "the mock kit's environment is not set (source DIR/env.sh of ffi/ttnn-mock/setup.sh)"
+    } else {
+        return Some(shim);
+    };
+    assert!(
+        std::env::var("CLEF_REQUIRE_TT_MOCK").as_deref() != Ok("1"),
+        "CLEF_REQUIRE_TT_MOCK=1: {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// A cluster descriptor of the kit: `blackhole_P150.yaml` or `blackhole_2xP150.yaml`.
+fn descriptor(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("ffi/ttnn-mock")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn log_path(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tt_mock");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn devices_opens_the_mock_p150_and_p150x2_as_the_port_does() {
+    let Some(shim) = kit() else { return };
+    for (chips, file) in [(1, "blackhole_P150.yaml"), (2, "blackhole_2xP150.yaml")] {
+        let out = clef_tt()
+            .args(["devices", "--device", "tt", "--tt-shim", shim])
+            .env("TT_METAL_MOCK_CLUSTER_DESC_PATH", descriptor(file))
+            .output()
+            .unwrap();
+        assert_succeeded(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for want in [
+            "backend: ttnn",
+            "hardware: mock",
+            "runtime: ttnn 0.81.1",
+            &format!("devices visible: {chips}"),
+            "1x1 mesh: opens (devices [0]), compute grid 11x10, DRAM",
+        ] {
+            assert!(text.contains(want), "{chips} chips: no {want:?} in\n{text}");
+        }
+        let pair = if chips == 2 {
+            "1x2 mesh: opens (devices [0, 1]), compute grid 11x10, DRAM"
+        } else {
+            "1x2 mesh: needs 2 devices, 1 visible"
+        };
+        assert!(text.contains(pair), "{text}");
+    }
+}
+
+/// Every golden request of a fixture: (id, body).
+fn goldens(dir: &str) -> Vec<(String, String)> {
+    std::fs::read_to_string(common::fixtures().join(dir).join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["entry"] == "systemone")
+        .map(|v| {
+            let id = v["id"].as_str().unwrap_or_default().to_string();
+            (id, v["body"].as_str().unwrap_or_default().to_string())
+        })
+        .collect()
+}
+
+/// Status, body and `x-clef-prefix-cache` of one request.
+fn post(agent: &ureq::Agent, base: &str, body: &str) -> (u16, Value, String) {
+    let mut r = agent
+        .post(&format!("{base}/v1/systemone"))
+        .header("content-type", "application/json")
+        .send(body.as_bytes())
+        .unwrap();
+    let cache = r
+        .headers()
+        .get("x-clef-prefix-cache")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = r.body_mut().read_to_string().unwrap();
+    (
+        r.status().as_u16(),
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        cache,
+    )
+}
+
+/// The questions, answer types and option sets of an answer (not its values).
+fn structure(answer: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(answers) = answer["answers"].as_object() {
+        for (q, a) in answers {
+            let options: Vec<&String> = a["probabilities"]
+                .as_object()
+                .map(|p| p.keys().collect())
+                .unwrap_or_default();
+            out.push(format!("{q}:{}:{options:?}", a["type"]));
+        }
+    }
+    out
+}
+
+/// `runtime_calls=N` of every "device runtime calls" line of a server's log.
+fn runtime_calls(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("device runtime calls"))
+        .filter_map(|l| l.split("runtime_calls=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
+    let Some(shim) = kit() else { return };
+    let text = goldens("tiny-clef/goldens");
+    let media = goldens("tiny-clef/goldens-media");
+    let all: Vec<&(String, String)> = text.iter().chain(&media).collect();
+    // The reference for statuses and answer structure: the CPU device.
+    let (_cpu, cpu_base, agent) = common::process::spawn_server(&["--warmup", "0"], &[]);
+    let want: Vec<(u16, Vec<String>)> = all
+        .iter()
+        .map(|(_, body)| {
+            let (status, answer, _) = post(&agent, &cpu_base, body);
+            (status, structure(&answer))
+        })
+        .collect();
+    let p150x2 = descriptor("blackhole_2xP150.yaml");
+    for profile in ["selected", "bf16"] {
+        let log = log_path(&format!("serve-{profile}.log"));
+        let (server, base, agent) = spawn_logged(
+            &[
+                "--device",
+                "tt",
+                "--tt-shim",
+                shim,
+                "--mesh",
+                "1x2",
+                "--precision",
+                profile,
+            ],
+            &[("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str())],
+            &log,
+        );
+        // Each request twice in a row: a new state, then the same state again (a prefix-cache
+        // hit for those long enough to cache: the slot's KV pages, DeltaNet states and conv
+        // carries copied on the device).
+        let mut hits = 0;
+        for ((id, body), (status, shape)) in all.iter().map(|r| (&r.0, &r.1)).zip(&want) {
+            for pass in ["new", "repeated"] {
+                let (got, answer, cache) = post(&agent, &base, body);
+                assert_eq!(got, *status, "{profile} {pass} {id}: {answer}");
+                if got == 200 {
+                    assert_eq!(&structure(&answer), shape, "{profile} {pass} {id}");
+                }
+                if pass == "repeated" && cache == "hit" {
+                    hits += 1;
+                }
+            }
+        }
+        drop::<Server>(server);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains("TT_FATAL"), "{profile}: a TT_FATAL in {}", log.display());
+        assert!(!text.contains("panicked"), "{profile}: a panic in {}", log.display());
+        // 2 text and 7 media goldens are long enough to cache.
+        assert!(hits >= 9, "{profile}: {hits} prefix-cache hits on the repeated states");
+        let calls = runtime_calls(&text);
+        assert!(!calls.is_empty(), "{profile}: no runtime calls logged");
+        let mean = calls.iter().sum::<u64>() as f64 / calls.len() as f64;
+        eprintln!(
+            "{profile}: {} requests answered twice on the mock P150x2, {hits} prefix-cache hits on the repeats, ttnn calls per request: mean {mean:.0}, max {}",
+            all.len(),
+            calls.iter().max().unwrap_or(&0)
+        );
+    }
+}
+
+#[test]
+fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
+    let Some(shim) = kit() else { return };
+    let log = log_path("serve-refuse.log");
+    let p150x2 = descriptor("blackhole_2xP150.yaml");
+    // The dispatcher's test hook: the 3rd ttnn.linear call becomes a product ttnn refuses.
+    let (_server, base, agent) = spawn_logged(
+        &[
+            "--device", "tt", "--tt-shim", shim, "--mesh", "1x2", "--warmup", "0",
+        ],
+        &[
+            ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
+            ("CLEF_TT_TTNN_REFUSE", "linear:3"),
+        ],
+        &log,
+    );
+    let body = common::server::triage();
+    let (status, answer, _) = post(&agent, &base, &body);
+    assert_eq!(status, 500, "{answer}");
+    let message = answer.to_string();
+    assert!(
+        message.contains("TT_FATAL") && message.contains("a_shape[-1] == b_shape[-2]"),
+        "{message}"
+    );
+    let (status, answer, _) = post(&agent, &base, &body);
+    assert_eq!(status, 200, "the next request: {answer}");
+}
