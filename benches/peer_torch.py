@@ -6,7 +6,7 @@ weights: only the shape matters for speed), times its forward pass (embedding to
 LM head, as `clef-tt bench prefill` times its prefill) at each length and dtype, and runs
 `clef-tt bench prefill` for the same length and weight format right after, on the same
 threads: PyTorch's best of `--repeat`, clef-tt's median of as many (what its bench
-reports). bfloat16 is set against clef-tt's `bf16` precision profile (bf16 weights and
+reports), each in a process of its own. bfloat16 is set against clef-tt's `bf16` precision profile (bf16 weights and
 activations, f32 accumulation), float32 against `f32`. Prints a markdown table with the ratio
 and the CPU's vector features.
 
@@ -18,6 +18,7 @@ Needs `torch` and `transformers` (pip install torch transformers); CI does not r
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -75,7 +76,11 @@ def main():
     rows = []
     for dtype in a.dtypes.split(","):
         for tokens in map(int, a.tokens.split(",")):
-            peer = torch_tokens_per_s(a.model, tokens, dtype, a.repeat, a.threads)
+            # In a process of its own, so no PyTorch thread is still spinning while clef-tt runs
+            # (its OpenMP workers busy-wait after a parallel region: clef-tt's 512-token run lost
+            # ~20% beside them).
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                peer = pool.apply(torch_tokens_per_s, (a.model, tokens, dtype, a.repeat, a.threads))
             ours = clef_tokens_per_s(a.clef, a.model, tokens, profiles[dtype], a.repeat)
             rows.append((dtype, tokens, ours, peer))
             print(f"{dtype} {tokens}: clef-tt {ours:.1f} tokens/s, PyTorch {peer:.1f}", file=sys.stderr)

@@ -248,19 +248,27 @@ fn build_ttnn_shim(
     Some(lib)
 }
 
-/// The op package's `.py` files into `target_dir/clef_tt_ttnn/` (replacing what was there).
+/// The op package's `.py` files (subpackages included) into `target_dir/clef_tt_ttnn/`,
+/// replacing what was there.
 fn copy_package(src: &Path, target_dir: &Path) -> std::io::Result<()> {
     let dst = target_dir.join("clef_tt_ttnn");
     if dst.exists() {
         std::fs::remove_dir_all(&dst)?;
     }
-    std::fs::create_dir_all(&dst)?;
+    copy_py_tree(src, &dst)
+}
+
+fn copy_py_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
     for entry in std::fs::read_dir(src)? {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "py") {
-            if let Some(name) = path.file_name() {
-                std::fs::copy(&path, dst.join(name))?;
-            }
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        if path.is_dir() && name != "__pycache__" {
+            copy_py_tree(&path, &dst.join(name))?;
+        } else if path.extension().is_some_and(|e| e == "py") {
+            std::fs::copy(&path, dst.join(name))?;
         }
     }
     Ok(())

@@ -1,107 +1,172 @@
-"""The ASGI launcher tt-model runs for clef-tt.
+"""The ASGI app tt-model's `tt-dit-server` kind runs for clef-tt: it hands uvicorn's port to
+clef-tt instead of relaying to it.
 
-tt-model's `tt-dit-server` kind serves a Python ASGI app with uvicorn
-(`python -m uvicorn --host 0.0.0.0 --port <port> --lifespan on launcher.clef_tt_asgi:app`) and
-waits for "Application startup complete". clef-tt is a Rust binary, so this app is the smallest
-bridge: at lifespan startup it starts `clef-tt serve` on a private loopback port with the serve
-settings tt-model put in the environment, waits until its /health answers 200 (so uvicorn
-reports startup complete only when the model is ready), relays every HTTP request to it
-unchanged, and stops it with SIGTERM at shutdown (clef-tt finishes the requests in flight).
-Standard library only; importing it touches no hardware.
+tt-model starts `python -m uvicorn --host 0.0.0.0 --port P --lifespan on
+launcher.clef_tt_asgi:app` and reads "Application startup complete" in the container log as
+the sign that the server is ready. uvicorn runs the lifespan startup before it binds its
+socket, so at that moment this app replaces the process (execve, same pid) with
+`clef-tt serve` on uvicorn's host and port. Then:
+
+- every response is clef-tt's own (status, headers, body: 413, 422, 429 with Retry-After, 503
+  while warming), bodies stream through nothing, clef-tt's queue and its own concurrency are
+  the only limits, and /health costs what it costs directly;
+- there is no second process: SIGTERM from `docker stop` reaches clef-tt itself (it drains
+  for at most CLEF_SHUTDOWN_TIMEOUT, 90 s, inside tt-model's 120 s), SIGKILL leaves nothing
+  behind, and a port that is taken fails the start;
+- the ready line comes from clef-tt, once it listens and every worker has warmed up
+  (`CLEF_READY_MESSAGE`; uvicorn's own line is never printed).
+
+clef-tt also gets: CLEF_TT_SHIM = the ttnn shim the clef-tt wheel installed into this
+environment (site-packages/clef_tt_shim/, beside its op package clef_tt_ttnn/), CLEF_TT_PYTHON
+= this interpreter (the shim embeds CPython and takes this environment, where ttnn is
+installed), and this interpreter's libpython folder on LD_LIBRARY_PATH (the shim links
+libpython; the image's Python lives outside the linker's paths). Each only when not set
+already. Everything else (HF_MODEL, TT_CACHE_PATH, MESH_DEVICE, the profile's CLEF_* settings)
+passes through as tt-model set it.
+
+Standard library only; importing it starts nothing (tt-model's build-time verify imports it).
 """
 
-import asyncio
-import http.client
-import json
+import logging
 import os
 import shutil
 import signal
-import subprocess
-import time
+import sys
+import sysconfig
 
-BINARY = os.environ.get("CLEF_TT_BINARY") or shutil.which("clef-tt") or "/opt/clef-tt/bin/clef-tt"
-INTERNAL_PORT = int(os.environ.get("CLEF_TT_INTERNAL_PORT", "18808"))
-START_TIMEOUT = float(os.environ.get("CLEF_TT_START_TIMEOUT", "3600"))
-# Hop-by-hop headers are the relay's own business.
-HOP = {"connection", "keep-alive", "transfer-encoding", "host", "upgrade"}
+#: Where the clef-tt wheel puts the ttnn shim, under this environment's site-packages.
+SHIM_DIR = "clef_tt_shim"
+SHIM = "libclef_tt_ttnn.so"
 
+#: tt-model's ready line for this kind (it matches the substring "Application startup
+#: complete"), written as uvicorn writes it.
+READY_LINE = "INFO:     Application startup complete."
 
-class Launcher:
-    def __init__(self):
-        self.proc = None
-
-    def start(self):
-        env = dict(os.environ, CLEF_HOST="127.0.0.1", CLEF_PORT=str(INTERNAL_PORT))
-        self.proc = subprocess.Popen([BINARY, "serve"], env=env)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"clef-tt serve exited with status {self.proc.returncode}")
-            try:
-                if self.relay("GET", "/health", b"", {})[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"clef-tt serve was not ready after {START_TIMEOUT:.0f} s")
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=900)
-
-    def relay(self, method, path, body, headers):
-        conn = http.client.HTTPConnection("127.0.0.1", INTERNAL_PORT, timeout=3600)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.getheaders(), resp.read()
-        finally:
-            conn.close()
+log = logging.getLogger("uvicorn.error")
 
 
-launcher = Launcher()
+class LaunchError(RuntimeError):
+    """Why clef-tt cannot take over; reported to uvicorn as a failed startup."""
+
+
+def clef_tt_binary():
+    """CLEF_TT_BINARY, else the clef-tt of this interpreter's environment (the wheel installs
+    it beside `python`), else the one on PATH."""
+    named = os.environ.get("CLEF_TT_BINARY")
+    if named:
+        return named
+    beside = os.path.join(os.path.dirname(sys.executable), "clef-tt")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("clef-tt")
+    if found:
+        return found
+    raise LaunchError(
+        f"clef-tt is not installed beside {sys.executable} nor on PATH: install the clef-tt wheel "
+        "into this environment (or name the binary in CLEF_TT_BINARY)"
+    )
+
+
+def ttnn_shim():
+    """The ttnn shim the clef-tt wheel installed into this environment (with its op package
+    beside it), or None when the wheel was built without one."""
+    paths = sysconfig.get_paths()
+    for base in dict.fromkeys([paths["platlib"], paths["purelib"]]):
+        folder = os.path.join(base, SHIM_DIR)
+        shim = os.path.join(folder, SHIM)
+        if os.path.isfile(shim) and os.path.isfile(os.path.join(folder, "clef_tt_ttnn", "__init__.py")):
+            return shim
+    return None
+
+
+def uvicorn_config():
+    """The `uvicorn.config.Config` of the server running this lifespan: uvicorn's LifespanOn
+    calls the app with itself (holding `config`) a few frames up the stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        config = getattr(owner, "config", None)
+        if type(config).__name__ == "Config" and type(config).__module__.startswith("uvicorn"):
+            return config
+        frame = frame.f_back
+    return None
+
+
+def socket_of(config):
+    """(host, port) clef-tt must listen on, or why it cannot take over this server's socket."""
+    if config is None:
+        raise LaunchError(
+            "this launcher hands uvicorn's socket to clef-tt, so it must run under uvicorn "
+            "(python -m uvicorn --host H --port P --lifespan on launcher.clef_tt_asgi:app)"
+        )
+    if getattr(config, "uds", None) or getattr(config, "fd", None) is not None:
+        raise LaunchError("clef-tt listens on a TCP host and port: --uds and --fd are not supported")
+    if (getattr(config, "workers", None) or 1) > 1 or getattr(config, "reload", False):
+        raise LaunchError("clef-tt is one process with its own workers (CLEF_WORKERS): drop --workers/--reload")
+    return str(config.host), int(config.port)
+
+
+def clef_tt_env(host, port, environ=None, python=None):
+    """The environment clef-tt serves with: tt-model's, on uvicorn's socket."""
+    env = dict(os.environ if environ is None else environ)
+    python = python or sys.executable
+    # clef-tt binds "HOST:PORT": an IPv6 address needs its brackets.
+    env["CLEF_HOST"] = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    env["CLEF_PORT"] = str(port)
+    env.setdefault("CLEF_READY_MESSAGE", READY_LINE)
+    env.setdefault("CLEF_TT_PYTHON", python)
+    shim = ttnn_shim()
+    if shim:
+        env.setdefault("CLEF_TT_SHIM", shim)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    library = sysconfig.get_config_var("LDLIBRARY")
+    if libdir and library and os.path.isfile(os.path.join(libdir, library)):
+        paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        if libdir not in paths:
+            env["LD_LIBRARY_PATH"] = ":".join(paths + [libdir])
+    return env
+
+
+def hand_over(config):
+    """Replace this process with `clef-tt serve` on the server's socket; returns only by
+    raising LaunchError."""
+    host, port = socket_of(config)
+    binary = clef_tt_binary()
+    env = clef_tt_env(host, port)
+    log.info("clef-tt takes over pid %d on %s:%d: %s serve", os.getpid(), host, port, binary)
+    for handler in logging.getLogger().handlers + log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Signal dispositions that are handlers reset on exec; a blocked mask would be inherited.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:
+        os.execve(binary, [binary, "serve"], env)
+    except OSError as e:
+        raise LaunchError(f"cannot run {binary}: {e}") from e
 
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await asyncio.to_thread(launcher.start)
-                except Exception as e:  # reported to uvicorn, which exits
-                    await send({"type": "lifespan.startup.failed", "message": str(e)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await asyncio.to_thread(launcher.stop)
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    if scope["type"] != "http":
-        return
-    body = b""
-    more = True
-    while more:
         message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
-    path = scope.get("raw_path") or scope["path"].encode()
-    path = path.decode("latin-1")
-    if scope.get("query_string"):
-        path += "?" + scope["query_string"].decode("latin-1")
-    headers = {
-        k.decode("latin-1"): v.decode("latin-1")
-        for k, v in scope["headers"]
-        if k.decode("latin-1").lower() not in HOP
-    }
-    try:
-        status, upstream, data = await asyncio.to_thread(launcher.relay, scope["method"], path, body, headers)
-    except OSError as e:
-        status, upstream = 502, [("content-type", "application/json")]
-        data = json.dumps({"detail": [{"loc": [], "msg": f"clef-tt is not reachable: {e}", "type": "bad_gateway"}]}).encode()
-    out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream if k.lower() not in HOP]
-    if not any(k == b"content-length" for k, _ in out):
-        out.append((b"content-length", str(len(data)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": out})
-    await send({"type": "http.response.body", "body": data})
+        if message["type"] != "lifespan.startup":
+            return
+        try:
+            hand_over(uvicorn_config())
+        except LaunchError as e:
+            await send({"type": "lifespan.startup.failed", "message": str(e)})
+        return
+    if scope["type"] == "http":
+        # Only reachable when the server skipped the lifespan (--lifespan off).
+        body = (
+            b'{"detail":[{"loc":[],"msg":"clef-tt was never started: run the launcher with '
+            b'--lifespan on","type":"launcher_misconfigured"}]}'
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,7 +1,9 @@
 //! clef-tt: a server for Cloudflare's Clef decision models.
 //!
 //! The host side lives here, one module per concern, in the order a request flows:
-//! `api` parses and validates bodies, `encode` renders them into token ids and spans,
+//! `api` takes requests over HTTP (and Workers AI's hosted route) into the request model of
+//! `request` (parsing, validation, questions, answers, refusals; below everything that uses
+//! it), `encode` renders them into token ids and spans,
 //! `engine` runs a request through the `backbone` (the Qwen3.5 prefill over a `clef-device`
 //! mesh, following a tensor-parallel plan) and the `head` (the joint schema head and answer
 //! shaping). `checkpoint` reads a Hugging Face snapshot; `precision` resolves the weight formats
@@ -19,4 +21,5 @@ pub mod media;
 pub mod perf_model;
 pub mod precision;
 pub mod random;
+pub mod request;
 pub mod tensor_cache;

@@ -4,9 +4,9 @@
 
 mod common;
 
-use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::encode::json::{dumps, float_repr, round4};
 use clef_tt::encode::{encode, render, EncodeError, LengthRule};
+use clef_tt::request::{parse_body, validate, HostLimits};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -136,7 +136,7 @@ proptest! {
     }
 }
 
-fn invalid(body: &str) -> clef_tt::api::ApiError {
+fn invalid(body: &str) -> clef_tt::request::RequestError {
     let parsed = match parse_body(body.as_bytes()) {
         Ok(p) => p,
         Err(e) => return e,
@@ -304,7 +304,7 @@ fn an_empty_instruction_span_is_422_not_nan() {
         LengthRule::Reference { max_length: 16384 },
     );
     match e {
-        Err(EncodeError::Api(e)) => {
+        Err(EncodeError::Request(e)) => {
             assert!(e.msg.contains("instruction text is empty"), "{}", e.msg)
         }
         other => panic!("{other:?}"),
@@ -323,7 +323,7 @@ fn server_lengths_refuse_or_truncate_the_state_piece() {
         truncate: false,
     };
     match encode_body(&body, strict) {
-        Err(EncodeError::Api(e)) => {
+        Err(EncodeError::Request(e)) => {
             assert_eq!(e.kind, "max_tokens_exceeded");
             assert!(e.msg.contains("at most 200"), "{}", e.msg);
         }
@@ -361,7 +361,7 @@ fn server_lengths_refuse_or_truncate_the_state_piece() {
             truncate: true,
         },
     ) {
-        Err(EncodeError::Api(e)) => assert_eq!(e.kind, "max_tokens_exceeded"),
+        Err(EncodeError::Request(e)) => assert_eq!(e.kind, "max_tokens_exceeded"),
         other => panic!("{other:?}"),
     }
 }

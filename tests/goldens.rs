@@ -9,11 +9,11 @@ mod common;
 
 use clef_device::cpu::CpuMesh;
 use clef_device::{MeshOps, MeshShape, WeightFormat};
-use clef_tt::api::{parse_body, validate, ApiError};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::{encode, EncodeError, LengthRule};
 use clef_tt::engine::Pipeline;
 use clef_tt::head::answer::answer_rounded_with;
+use clef_tt::request::{parse_body, validate, RequestError};
 use serde_json::Value;
 
 fn lines(name: &str) -> Vec<Value> {
@@ -85,7 +85,7 @@ fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
             let parsed = parse_body(body.as_bytes()).unwrap();
             let r = validate(&parsed, None).unwrap();
             match encode(pipeline.tokenizer(), &r, &[], rule) {
-                Err(EncodeError::Api(e)) => {
+                Err(EncodeError::Request(e)) => {
                     assert_eq!(e.msg, exp["error"]["message"].as_str().unwrap(), "{id}")
                 }
                 other => panic!("{id}: expected an error, got {other:?}"),
@@ -95,7 +95,7 @@ fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
         }
         let result = pipeline.decide_body(body.as_bytes(), rule, None);
         if exp["status"] == "error" {
-            let e: ApiError = result
+            let e: RequestError = result
                 .err()
                 .unwrap_or_else(|| panic!("{id}: expected an error"));
             assert_eq!(e.status, 422, "{id}");

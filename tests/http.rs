@@ -8,10 +8,10 @@ mod common;
 
 use common::server::*;
 
-use clef_tt::api::HostLimits;
 use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
+use clef_tt::request::HostLimits;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -28,7 +28,7 @@ fn goldens_over_http_equal_the_library_answers_with_headers_and_latency() {
         let (status, headers, text) = post(&base, body.as_bytes(), &[]);
         let want = match local.decide_body(body.as_bytes(), RULE, Some(&HostLimits::default())) {
             Ok(d) => (200, d.response),
-            Err(e) => (e.status, e.body()),
+            Err(e) => (e.status, clef_tt::api::error_body(&e)),
         };
         assert_eq!(status, want.0, "{id}: {text}");
         let mut got: Value = serde_json::from_str(&text).unwrap();
@@ -431,8 +431,8 @@ fn a_running_request_stops_at_the_next_chunk_boundary() {
         r#"{{"model":"m","state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
         "slow text ".repeat(1500)
     );
-    let value = clef_tt::api::parse_body(long.as_bytes()).unwrap();
-    let req = clef_tt::api::validate(&value, None).unwrap();
+    let value = clef_tt::request::parse_body(long.as_bytes()).unwrap();
+    let req = clef_tt::request::validate(&value, None).unwrap();
     let checks = std::cell::Cell::new(0);
     let e = p
         .decide_cancellable(&req, RULE, &|| {

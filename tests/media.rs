@@ -7,13 +7,13 @@ mod common;
 
 use clef_device::cpu::CpuMesh;
 use clef_device::{GatherAxis, MeshOps, MeshShape, WeightFormat};
-use clef_tt::api::{parse_body, validate};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::{encode, EncodeError, LengthRule};
 use clef_tt::engine::prefix_cache::{CacheUse, PrefixCacheConfig, PrefixCacheStats};
 use clef_tt::engine::Pipeline;
 use clef_tt::media::{load_tower, media_tokens, positions, prepare, MediaLimits};
 use clef_tt::precision::Precision;
+use clef_tt::request::{parse_body, validate};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ fn media_requests_encode_and_position_exactly_as_the_reference() {
         let encoded = encode(&tokenizer, &req, &media.block.ids, rule);
         let want_error = expected["error"]["message"].as_str();
         let record = match (encoded, want_error) {
-            (Err(EncodeError::Api(e)), Some(msg)) => {
+            (Err(EncodeError::Request(e)), Some(msg)) => {
                 assert!(e.msg.contains(msg), "{id}: {} vs {msg}", e.msg);
                 continue;
             }

@@ -7,11 +7,11 @@
 mod common;
 
 use clef_tt::api::contract::{
-    ChoiceQuestion, DecisionBody, ErrorBody, NoulCriteria, NoulQuestion, QuestionBody,
-    ScoreQuestion, SystemOneBody,
+    ChoiceQuestion, DecisionBody, ErrorBody, NoulQuestion, QuestionBody, ScoreQuestion,
+    SystemOneBody,
 };
 use clef_tt::api::openapi::document;
-use clef_tt::api::HostLimits;
+use clef_tt::request::HostLimits;
 use common::process::{assert_succeeded, clef_tt, spawn_server};
 use common::server::*;
 use indexmap::IndexMap;
@@ -124,7 +124,7 @@ fn the_document_carries_the_limits_the_server_was_started_with() {
     assert_eq!(
         doc_get(
             &plain,
-            &format!("{schemas}/ScoreQuestion/properties/criteria/maxItems")
+            &format!("{schemas}/ScoreQuestion/properties/criteria/anyOf/0/maxItems")
         ),
         10
     );
@@ -243,8 +243,13 @@ fn the_wire_types_are_the_bytes_the_server_sends() {
                 answered += 1;
             }
             Err(e) => {
-                let typed: ErrorBody = serde_json::from_value(e.body()).unwrap();
-                assert_eq!(serde_json::to_value(typed).unwrap(), e.body(), "{id}");
+                let typed: ErrorBody =
+                    serde_json::from_value(clef_tt::api::error_body(&e)).unwrap();
+                assert_eq!(
+                    serde_json::to_value(typed).unwrap(),
+                    clef_tt::api::error_body(&e),
+                    "{id}"
+                );
             }
         }
     }
@@ -254,7 +259,7 @@ fn the_wire_types_are_the_bytes_the_server_sends() {
 // ---- Regressions found by schemathesis ------------------------------------------------------
 
 #[test]
-fn an_empty_question_id_without_instructions_is_a_422_and_the_document_asks_for_an_id() {
+fn an_empty_question_id_needs_instructions_on_the_server_and_in_the_document() {
     let base = start(settings(), 1, 8);
     let body =
         br#"{"model":"m","state":"s","questions":{"":{"type":"choice","criteria":{"1":"2"}}}}"#;
@@ -265,13 +270,192 @@ fn an_empty_question_id_without_instructions_is_a_422_and_the_document_asks_for_
         err["detail"][0]["loc"],
         serde_json::json!(["body", "questions", "", "instructions"])
     );
+    // With instructions the reference answers it, so the document may not forbid the id (the
+    // first document asked for 1+ characters: schemathesis's negative_data_rejection found a
+    // documented-invalid body answered 200); it asks for instructions instead.
+    let with = br#"{"model":"m","state":"s","questions":{"":{"type":"noul","instructions":"?"}}}"#;
+    assert_eq!(post(&base, with, &[]).0, 200);
     let doc = document(&settings());
+    let questions = doc_get(
+        &doc,
+        "/components/schemas/SystemOneRequest/properties/questions",
+    );
+    assert!(questions["propertyNames"].get("minLength").is_none());
+    assert_eq!(
+        questions["patternProperties"]["^$"]["required"],
+        serde_json::json!(["instructions"])
+    );
+    assert_eq!(
+        questions["patternProperties"]["^$"]["properties"]["instructions"]["not"]["enum"],
+        serde_json::json!([null, ""])
+    );
+}
+
+/// What the reference accepts and the first document forbade (schemathesis's
+/// `negative_data_rejection`: a body against its schema answered 200): the document now says it,
+/// and the server still answers it.
+#[test]
+fn the_systemone_document_allows_what_the_reference_accepts() {
+    let base = start(settings(), 1, 8);
+    let q =
+        |question: &str| format!(r#"{{"model":"m","state":"s","questions":{{"q":{question}}}}}"#);
+    for body in [
+        q(r#"{"type":"choice","instructions":"?","criteria":{"a":1,"b":2}}"#),
+        q(r#"{"type":"choice","instructions":{"ask":"?"},"criteria":{"a":null,"b":["x"]}}"#),
+        q(r#"{"type":"score","instructions":5,"criteria":{"low":1,"high":2}}"#),
+        q(r#"{"type":"score","criteria":"abc"}"#),
+        q(r#"{"type":"score","criteria":[1,null,true]}"#),
+        q(r#"{"type":"noul","instructions":"?","criteria":{"true":1,"maybe":"ignored"}}"#),
+        q(r#"{"type":"noul","instructions":"?","criteria":0}"#),
+        q(r#"{"type":"noul","instructions":"?","criteria":[]}"#),
+    ] {
+        let (status, _, text) = post(&base, body.as_bytes(), &[]);
+        assert_eq!(status, 200, "{body}: {text}");
+    }
+    let doc = document(&settings());
+    let schema = |name: &str| doc_get(&doc, &format!("/components/schemas/{name}"));
+    let choice = schema("ChoiceQuestion");
+    assert_eq!(
+        choice["properties"]["criteria"]["additionalProperties"],
+        true
+    );
+    assert!(choice["properties"]["instructions"].get("type").is_none());
+    let score = schema("ScoreQuestion")["properties"]["criteria"].clone();
+    assert_eq!(branch_types(&score), ["array", "object", "string"]);
+    assert_eq!(
+        (
+            score["anyOf"][0]["maxItems"].clone(),
+            score["anyOf"][1]["maxProperties"].clone(),
+            score["anyOf"][2]["maxLength"].clone()
+        ),
+        (10.into(), 10.into(), 10.into())
+    );
+    let noul = schema("NoulQuestion")["properties"]["criteria"].clone();
+    assert_eq!(
+        branch_types(&noul),
+        ["object", "null", "boolean", "number", "string", "array"]
+    );
+    assert!(noul["anyOf"][0].get("additionalProperties").is_none());
+    assert_eq!(noul["anyOf"][2]["const"], false);
+    assert_eq!(
+        (
+            noul["anyOf"][3]["minimum"].clone(),
+            noul["anyOf"][3]["maximum"].clone()
+        ),
+        (0.into(), 0.into())
+    );
+    assert_eq!(noul["anyOf"][4]["maxLength"], 0);
+    assert_eq!(noul["anyOf"][5]["maxItems"], 0);
+}
+
+/// The `type` of each `anyOf` branch of `schema`.
+fn branch_types(schema: &Value) -> Vec<String> {
+    schema["anyOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no anyOf: {schema}"))
+        .iter()
+        .map(|b| b["type"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// The hosted route's document is Workers AI's published schema with its described limits and
+/// types: everything it forbids the server refuses (tests/workers_ai.rs has the refusals).
+#[test]
+fn the_hosted_document_is_the_published_schema() {
+    let doc = document(&settings());
+    let schema = |name: &str| doc_get(&doc, &format!("/components/schemas/WorkersAi{name}"));
+    let request = schema("SystemOneRequest");
+    assert_eq!(request["additionalProperties"], false);
+    assert_eq!(
+        request["required"],
+        serde_json::json!(["model", "state", "questions"])
+    );
+    assert_eq!(
+        branch_types(&request["properties"]["state"]),
+        ["string", "object", "array"]
+    );
+    assert_eq!(
+        request["properties"]["images"]["type"], "array",
+        "null is no list of images"
+    );
+    assert_eq!(request["properties"]["images"]["maxItems"], 4);
+    let names = &request["properties"]["questions"]["propertyNames"];
+    assert_eq!(
+        (names["minLength"].clone(), names["maxLength"].clone()),
+        (1.into(), 100.into())
+    );
+    assert_eq!(names["pattern"], "^[A-Za-z0-9_.-]+$");
+    let image = schema("Image");
+    assert_eq!(image["anyOf"][0]["pattern"], "^[Dd][Aa][Tt][Aa]:");
+    for kind in ["NoulQuestion", "ChoiceQuestion", "ScoreQuestion"] {
+        let q = schema(kind);
+        assert_eq!(q["additionalProperties"], false, "{kind}");
+        assert!(
+            q["required"]
+                .as_array()
+                .unwrap()
+                .contains(&"instructions".into()),
+            "{kind}"
+        );
+        let instructions = &q["properties"]["instructions"];
+        assert_eq!(branch_types(instructions), ["string", "object", "array"]);
+        assert_eq!(
+            (
+                instructions["anyOf"][0]["minLength"].clone(),
+                instructions["anyOf"][1]["minProperties"].clone(),
+                instructions["anyOf"][2]["minItems"].clone()
+            ),
+            (1.into(), 1.into(), 1.into())
+        );
+    }
+    let options = &schema("ChoiceQuestion")["properties"]["criteria"];
+    assert_eq!(
+        branch_types(&options["additionalProperties"]),
+        ["string", "object", "array", "null"]
+    );
+    assert_eq!(options["propertyNames"]["minLength"], 1);
+    assert_eq!(
+        (
+            options["minProperties"].clone(),
+            options["maxProperties"].clone()
+        ),
+        (2.into(), 255.into())
+    );
+    let levels = &schema("ScoreQuestion")["properties"]["criteria"];
+    assert_eq!(
+        branch_types(&levels["items"]),
+        ["string", "object", "array"]
+    );
+    assert_eq!(
+        (levels["minItems"].clone(), levels["maxItems"].clone()),
+        (2.into(), 10.into())
+    );
+    assert_eq!(schema("NoulCriteria")["additionalProperties"], false);
+    // The body `model` of each operation is its path's, spaces around it as JavaScript's `\s`.
+    let op = doc_get(
+        &doc,
+        &format!(
+            "{}/post/requestBody/content/application~1json/schema",
+            path("/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash")
+        ),
+    );
+    let pattern = op["properties"]["model"]["pattern"].as_str().unwrap();
+    assert!(
+        pattern.contains("(clef-flash)")
+            && pattern.contains(r"\u00a0")
+            && pattern.contains(r"\ufeff"),
+        "{pattern}"
+    );
+    assert!(!pattern.contains(r"\u0085"));
+    // No media without a vision tower.
+    let mut s = settings();
+    s.media = None;
     assert_eq!(
         doc_get(
-            &doc,
-            "/components/schemas/SystemOneRequest/properties/questions/propertyNames/minLength"
+            &document(&s),
+            "/components/schemas/WorkersAiSystemOneRequest/properties/images/maxItems"
         ),
-        1
+        0
     );
 }
 
@@ -301,22 +485,68 @@ fn text() -> impl Strategy<Value = String> + Clone {
     "[A-Za-z0-9 _.,?!'é-]{1,24}"
 }
 
-fn question() -> impl Strategy<Value = QuestionBody> {
-    let instructions = || proptest::option::of(text());
+/// Any JSON value the document allows where it says "any": text mostly, then numbers, booleans,
+/// null and small lists and objects of text.
+fn json_value() -> impl Strategy<Value = Value> + Clone {
     prop_oneof![
+        4 => text().prop_map(Value::from),
+        1 => any::<i32>().prop_map(Value::from),
+        1 => (-1e6f64..1e6).prop_map(Value::from),
+        1 => any::<bool>().prop_map(Value::from),
+        1 => Just(Value::Null),
+        1 => proptest::collection::vec(text(), 0..3).prop_map(Value::from),
+        1 => proptest::collection::vec((text(), text()), 0..3)
+            .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k, Value::from(v))).collect())),
+    ]
+}
+
+fn question() -> impl Strategy<Value = QuestionBody> {
+    let instructions = || proptest::option::of(json_value());
+    let noul_criteria = prop_oneof![
         (
-            instructions(),
-            proptest::option::of((proptest::option::of(text()), proptest::option::of(text())))
+            proptest::option::of(json_value()),
+            proptest::option::of(json_value()),
+            proptest::option::of(text())
         )
-            .prop_map(|(instructions, criteria)| {
+            .prop_map(|(yes, no, extra)| {
+                let mut o = serde_json::Map::new();
+                if let Some(v) = yes {
+                    o.insert("true".into(), v);
+                }
+                if let Some(v) = no {
+                    o.insert("false".into(), v);
+                }
+                if let Some(v) = extra {
+                    o.insert("note".into(), Value::from(v));
+                }
+                Value::Object(o)
+            }),
+        prop_oneof![
+            Just(Value::Null),
+            Just(Value::from(false)),
+            Just(Value::from(0)),
+            Just(Value::from("")),
+            Just(Value::Array(vec![]))
+        ],
+    ];
+    let levels = prop_oneof![
+        proptest::collection::vec(json_value(), 1..10).prop_map(Value::from),
+        proptest::collection::vec((text(), json_value()), 1..10)
+            .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        "[a-zé]{1,10}".prop_map(Value::from),
+    ];
+    prop_oneof![
+        (instructions(), proptest::option::of(noul_criteria)).prop_map(
+            |(instructions, criteria)| {
                 QuestionBody::Noul(NoulQuestion {
                     instructions,
-                    criteria: criteria.map(|(yes, no)| NoulCriteria { yes, no }),
+                    criteria,
                 })
-            }),
+            }
+        ),
         (
             instructions(),
-            proptest::collection::vec((text(), text()), 1..6)
+            proptest::collection::vec((text(), json_value()), 1..6)
         )
             .prop_map(|(instructions, options)| {
                 QuestionBody::Choice(ChoiceQuestion {
@@ -324,23 +554,19 @@ fn question() -> impl Strategy<Value = QuestionBody> {
                     criteria: options.into_iter().collect::<IndexMap<_, _>>(),
                 })
             }),
-        (instructions(), proptest::collection::vec(text(), 1..10)).prop_map(
-            |(instructions, criteria)| QuestionBody::Score(ScoreQuestion {
+        (instructions(), levels).prop_map(|(instructions, criteria)| {
+            QuestionBody::Score(ScoreQuestion {
                 instructions,
-                criteria
+                criteria,
             })
-        ),
+        }),
     ]
 }
 
 fn documented_body() -> impl Strategy<Value = SystemOneBody> {
     (
         text(),
-        prop_oneof![
-            text().prop_map(Value::from),
-            proptest::collection::vec(text(), 0..4).prop_map(Value::from),
-            Just(Value::Null),
-        ],
+        json_value(),
         proptest::collection::vec(("[A-Za-z0-9_.-]{1,12}", question()), 1..5),
         proptest::option::of(any::<bool>()),
     )

@@ -9,10 +9,10 @@ mod common;
 
 use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
-use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use clef_tt::engine::{Pipeline, INJECTED_FAULT};
+use clef_tt::request::{parse_body, validate, HostLimits};
 use common::server::*;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
@@ -172,7 +172,7 @@ proptest! {
             Err(e) => e,
         };
         prop_assert!((400..500).contains(&err.status), "{}", err.status);
-        let detail = err.body()["detail"][0].clone();
+        let detail = clef_tt::api::error_body(&err)["detail"][0].clone();
         let loc: Vec<String> = detail["loc"]
             .as_array()
             .unwrap()

@@ -100,8 +100,11 @@ fn serve_on_the_tt_device_answers_the_goldens_as_the_cpu_device_does() {
     let card = &models["models"][0];
     assert_eq!(card["device"], "tt");
     assert_eq!(card["device_backend"]["backend"], "host");
-    assert_eq!(card["device_backend"]["abi_version"], 2);
-    assert_eq!(card["device_backend"]["hardware"], false);
+    assert_eq!(
+        card["device_backend"]["abi_version"],
+        tt_metal_sys::ABI_VERSION
+    );
+    assert_eq!(card["device_backend"]["hardware"], "host");
     assert!(card["device_backend"]["shim"]
         .as_str()
         .unwrap()
@@ -213,7 +216,8 @@ fn a_missing_foreign_outdated_or_too_small_device_is_a_clear_error_at_start() {
     let old = stand_in("old", "unsigned clef_tt_abi_version(void) { return 1; }\n");
     let e = refused_start(&["--tt-shim", old.to_str().unwrap()], &[]);
     assert!(
-        e.contains("ABI version 1") && e.contains("needs version 2"),
+        e.contains("ABI version 1")
+            && e.contains(&format!("needs version {}", tt_metal_sys::ABI_VERSION)),
         "{e}"
     );
     let foreign = stand_in("foreign", "int answer(void) { return 42; }\n");
@@ -241,11 +245,13 @@ fn devices_reports_the_shim_and_which_meshes_open() {
         .unwrap();
     assert_succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
+    let abi = format!("abi version: {}", tt_metal_sys::ABI_VERSION);
     for want in [
         "shim: ",
         "libclef_tt_host.so",
-        "abi version: 2",
+        &abi,
         "backend: host",
+        "hardware: host",
         "devices visible: 4",
         "1x1 mesh: opens (devices [0])",
         "1x2 mesh: opens (devices [0, 1])",
@@ -258,9 +264,13 @@ fn devices_reports_the_shim_and_which_meshes_open() {
         .env("CLEF_TT_HOST_DEVICES", "1")
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    // One device: the 1x2 mesh is reported as not available, not as a failure.
+    assert_succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("1x2 mesh: does not open"), "{text}");
+    assert!(
+        text.contains("1x2 mesh: needs 2 devices, 1 visible"),
+        "{text}"
+    );
     let out = clef_tt().args(["devices"]).output().unwrap();
     assert_succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("device: cpu"));

@@ -3,8 +3,9 @@
 //! same top option everywhere, max |dp| ≤ 0.1, and no flip where the reference's top option
 //! leads by 0.05 or more; plus the meshes a P150x2 / P150x4 box opens.
 //!
-//! They run only with `CLEF_TT_HARDWARE_TESTS=1` (and the ttnn shim: `cargo build --features
-//! tt`, or `CLEF_TT_SHIM`); otherwise each test prints why it was skipped and passes.
+//! They run only with `CLEF_TT_HARDWARE_TESTS=1` (and the ttnn shim: `cargo build` with
+//! `CLEF_TT_PYTHON` naming a Python with ttnn and pybind11, or `CLEF_TT_SHIM`); otherwise each
+//! test prints why it was skipped and passes.
 //! `CLEF_TT_HARDWARE_TESTS=host` runs the suite itself on the host shim (a check of the suite,
 //! not of a device). None of them has run on a device yet.
 
@@ -26,11 +27,16 @@ fn hardware() -> Option<Arc<Shim>> {
     let mode = std::env::var("CLEF_TT_HARDWARE_TESTS").unwrap_or_default();
     if mode != "1" && mode != "host" {
         eprintln!(
-            "skipped: set CLEF_TT_HARDWARE_TESTS=1 on a Tenstorrent host with the ttnn shim built (cargo build --features tt; see ffi/BRINGUP.md)"
+            "skipped: set CLEF_TT_HARDWARE_TESTS=1 on a Tenstorrent host with the ttnn shim built (CLEF_TT_PYTHON at build time; see ffi/BRINGUP.md)"
         );
         return None;
     }
     let path = std::env::var_os("CLEF_TT_SHIM").map(std::path::PathBuf::from);
+    let path = match (mode.as_str(), path) {
+        (_, Some(p)) => Some(p),
+        ("host", None) => Some(std::path::PathBuf::from(tt_metal_sys::HOST_SHIM)),
+        _ => None,
+    };
     let shim = Shim::load(path.as_deref()).expect("the ttnn shim");
     let want = if mode == "host" { "host" } else { "ttnn" };
     assert_eq!(
@@ -212,7 +218,7 @@ fn a_prefix_cache_hit_on_the_device_answers_as_its_miss() {
         max_tail: 4096,
         truncate: false,
     };
-    let req = clef_tt::api::validate(&body, None).unwrap();
+    let req = clef_tt::request::validate(&body, None).unwrap();
     let miss = p.decide(&req, rule).unwrap();
     let hit = p.decide(&req, rule).unwrap();
     assert_eq!((miss.cache, hit.cache), (CacheUse::Miss, CacheUse::Hit));

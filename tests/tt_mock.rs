@@ -189,10 +189,21 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
         }
         drop::<Server>(server);
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(!text.contains("TT_FATAL"), "{profile}: a TT_FATAL in {}", log.display());
-        assert!(!text.contains("panicked"), "{profile}: a panic in {}", log.display());
+        assert!(
+            !text.contains("TT_FATAL"),
+            "{profile}: a TT_FATAL in {}",
+            log.display()
+        );
+        assert!(
+            !text.contains("panicked"),
+            "{profile}: a panic in {}",
+            log.display()
+        );
         // 2 text and 7 media goldens are long enough to cache.
-        assert!(hits >= 9, "{profile}: {hits} prefix-cache hits on the repeated states");
+        assert!(
+            hits >= 9,
+            "{profile}: {hits} prefix-cache hits on the repeated states"
+        );
         let calls = runtime_calls(&text);
         assert!(!calls.is_empty(), "{profile}: no runtime calls logged");
         let mean = calls.iter().sum::<u64>() as f64 / calls.len() as f64;
@@ -212,7 +223,14 @@ fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
     // The dispatcher's test hook: the 3rd ttnn.linear call becomes a product ttnn refuses.
     let (_server, base, agent) = spawn_logged(
         &[
-            "--device", "tt", "--tt-shim", shim, "--mesh", "1x2", "--warmup", "0",
+            "--device",
+            "tt",
+            "--tt-shim",
+            shim,
+            "--mesh",
+            "1x2",
+            "--warmup",
+            "0",
         ],
         &[
             ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
@@ -230,4 +248,83 @@ fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
     );
     let (status, answer, _) = post(&agent, &base, &body);
     assert_eq!(status, 200, "the next request: {answer}");
+}
+
+/// `clef-tt plan --on-device` on the mock P150x2 (the real allocator), its rows as
+/// (class, plan GiB, allocator GiB), and its output.
+fn plan_on_device(shim: &str, profile: &str) -> (bool, Vec<(String, f64, f64)>, String) {
+    let out = clef_tt()
+        .args([
+            "plan",
+            "--shape",
+            "clef-27b",
+            "--mesh",
+            "1x2",
+            "--profile",
+            profile,
+        ])
+        .args(["--on-device", "--tt-shim", shim])
+        .env(
+            "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+            descriptor("blackhole_2xP150.yaml"),
+        )
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let rows = text
+        .split("## On the device")
+        .nth(1)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let gib = |s: &str| s.trim_matches('*').parse::<f64>().ok();
+            match cells[..] {
+                [class, _, plan, held] => Some((class.to_string(), gib(plan)?, gib(held)?)),
+                _ => None,
+            }
+        })
+        .collect();
+    (out.status.success(), rows, text)
+}
+
+#[test]
+fn clef_27b_is_placed_on_the_mock_p150x2_by_its_allocator_and_f32_weights_do_not_fit() {
+    let Some(shim) = kit() else { return };
+    let (ok, rows, text) = plan_on_device(shim, "selected");
+    assert!(ok, "{text}");
+    // Every matrix and activation class is held as its tensor specs' packed size (whole tiles
+    // in every DRAM bank); vectors are row-major f32 rows of one value, a page each.
+    for (class, plan, held) in &rows {
+        if class.starts_with("norms") || class.starts_with("**") {
+            assert!(held >= plan, "{class}: {held} < {plan}");
+        } else {
+            assert!(
+                (held - plan).abs() <= 0.002,
+                "{class}: plan {plan} GiB, held {held} GiB"
+            );
+        }
+    }
+    let classes: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    for want in [
+        "deltanet",
+        "mlp_gate_up",
+        "mlp_down",
+        "attention",
+        "vision",
+        "prefix cache: 4 slots x 16384 tokens",
+        "one 1024-token chunk",
+        "**total**",
+    ] {
+        assert!(classes.contains(&want), "no {want} in {classes:?}\n{text}");
+    }
+    assert!(text.contains("GiB left after the weights"), "{text}");
+    // f32 weights (~50 GiB per device) overflow a 32 GB chip: refused, naming the class.
+    let (ok, _, text) = plan_on_device(shim, "f32");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("does not fit") && text.contains("Out of Memory"),
+        "{text}"
+    );
 }

@@ -178,6 +178,127 @@ fn an_unknown_field_is_422_5012_here_and_ignored_on_systemone() {
     assert_eq!(post(shared(), &bytes(&v), &[]).0, 200);
 }
 
+/// What the hosted API's published schema forbids and the reference accepts: 200 on
+/// `/v1/systemone` (the reference's semantics), 422/5012 here.
+#[test]
+fn what_the_hosted_schema_forbids_is_422_5012_here_and_answered_on_systemone() {
+    let q = |path: &str, value: Value| {
+        let mut v = valid();
+        let target = path.split('.').fold(&mut v, |node, key| &mut node[key]);
+        *target = value;
+        v
+    };
+    let cases = [
+        // The case: option descriptions that are integers.
+        (
+            "integer option descriptions",
+            q(
+                "questions.team.criteria",
+                json!({"billing": 1, "technical": 2}),
+            ),
+        ),
+        (
+            "a boolean option description",
+            q("questions.team.criteria.billing", json!(true)),
+        ),
+        (
+            "an empty option id",
+            q(
+                "questions.team.criteria",
+                json!({"": "x", "technical": "y"}),
+            ),
+        ),
+        (
+            "number instructions",
+            q("questions.outage.instructions", json!(7)),
+        ),
+        (
+            "boolean instructions",
+            q("questions.outage.instructions", json!(true)),
+        ),
+        ("a number state", q("state", json!(42))),
+        ("a null state", q("state", json!(null))),
+        (
+            "a null score level",
+            q("questions.urgency.criteria", json!(["Can wait", null])),
+        ),
+        (
+            "a number score level",
+            q("questions.urgency.criteria", json!(["Can wait", 2])),
+        ),
+        (
+            "score levels as an object",
+            q(
+                "questions.urgency.criteria",
+                json!({"low": "a", "high": "b"}),
+            ),
+        ),
+        (
+            "score levels as a string",
+            q("questions.urgency.criteria", json!("ab")),
+        ),
+        (
+            "null noul criteria",
+            q("questions.outage.criteria", json!(null)),
+        ),
+        (
+            "a number noul description",
+            q("questions.outage.criteria", json!({"true": 1})),
+        ),
+        ("null images", q("images", json!(null))),
+        ("a bare base64 image", q("images", json!([png_base64()]))),
+        (
+            "a model padded with U+0085 (not \\s in JavaScript)",
+            q("model", json!("clef\u{85}")),
+        ),
+    ];
+    for (what, body) in &cases {
+        assert_eq!(
+            refused(shared(), ROUTE, &bytes(body), None),
+            (422, 5012),
+            "{what}"
+        );
+        let mut direct = body.clone();
+        direct["model"] = json!("clef");
+        let (status, _, text) = post(shared(), &bytes(&direct), &[]);
+        assert_eq!(status, 200, "{what} on /v1/systemone: {text}");
+    }
+    // What the schema allows: structured instructions, descriptions and levels, null option
+    // descriptions, a model padded with JavaScript's spaces, data URLs in any case.
+    let allowed = [
+        q(
+            "questions.outage.instructions",
+            json!({"question": "Is a service down?", "data": [1]}),
+        ),
+        q(
+            "questions.team.criteria",
+            json!({"billing": {"about": "Payments"}, "technical": null}),
+        ),
+        q(
+            "questions.urgency.criteria",
+            json!([["Can", "wait"], {"level": "Today"}]),
+        ),
+        q(
+            "questions.outage.criteria",
+            json!({"true": ["down"], "false": null}),
+        ),
+        q(
+            "state",
+            json!([{"from": "a", "text": "orders are blocked"}]),
+        ),
+        q("model", json!("\u{3000} clef\n")),
+        q("images", json!([data_url().replacen("data:", "DATA:", 1)])),
+    ];
+    for body in &allowed {
+        let (status, envelope, _) = call(shared(), ROUTE, &bytes(body), None);
+        assert_eq!(
+            (status, &envelope["success"]),
+            (200, &json!(true)),
+            "{body}"
+        );
+    }
+}
+
 #[test]
 fn empty_instructions_are_422_5012() {
     let mut v = valid();

@@ -182,6 +182,12 @@ typedef struct clef_tt_host_part {
 int clef_tt_tensor_upload(clef_tt_mesh *mesh, const clef_tt_tensor_desc *desc,
                           const clef_tt_host_part *parts, uint32_t n_parts, clef_tt_tensor **out);
 
+/* A tensor of `desc`'s per-device shape, format, role and placement on every device, its
+ * values unset: device memory only, no host data moves (placement plans, memory checks). The
+ * device holds it as an upload of the same descriptor would be held. */
+int clef_tt_tensor_allocate(clef_tt_mesh *mesh, const clef_tt_tensor_desc *desc,
+                            clef_tt_tensor **out);
+
 typedef struct clef_tt_tensor_info {
   uint32_t rows;
   uint32_t cols;

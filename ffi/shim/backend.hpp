@@ -81,6 +81,8 @@ class DeviceMesh {
 
   // One HostBytes per device (the core repeats a replicated upload's part).
   virtual StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) = 0;
+  // Device memory for `meta` on every device, values unset.
+  virtual StoragePtr allocate(const Meta& meta) = 0;
   // Device `device`'s part as row-major f32 [rows, cols].
   virtual void download(const TensorView& t, uint32_t device, float* out) = 0;
   // Device `device`'s part in its stored bytes (stored_bytes(meta) of them).
@@ -145,6 +147,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual uint32_t visible_devices() = 0;
+  // Whether a device can belong to one open mesh (or parent) at a time in a process: true on
+  // chips, whose runtime aborts on a second open; the host backend simulates any number.
+  virtual bool exclusive_devices() const { return false; }
   // A JSON object: {"backend", "hardware" (what runs the ops: "host", "mock", "silicon"),
   // "runtime", "devices"}.
   virtual std::string describe() = 0;

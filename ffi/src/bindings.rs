@@ -267,6 +267,11 @@ pub struct ClefTtLibrary {
         n_parts: u32,
         out: *mut *mut clef_tt_tensor,
     ) -> ::std::os::raw::c_int,
+    pub clef_tt_tensor_allocate: unsafe extern "C" fn(
+        mesh: *mut clef_tt_mesh,
+        desc: *const clef_tt_tensor_desc,
+        out: *mut *mut clef_tt_tensor,
+    ) -> ::std::os::raw::c_int,
     pub clef_tt_tensor_info_get: unsafe extern "C" fn(
         t: *const clef_tt_tensor,
         out: *mut clef_tt_tensor_info,
@@ -486,6 +491,9 @@ impl ClefTtLibrary {
             .get(b"clef_tt_mesh_take_op_stats\0")
             .map(|sym| *sym)?;
         let clef_tt_tensor_upload = __library.get(b"clef_tt_tensor_upload\0").map(|sym| *sym)?;
+        let clef_tt_tensor_allocate = __library
+            .get(b"clef_tt_tensor_allocate\0")
+            .map(|sym| *sym)?;
         let clef_tt_tensor_info_get = __library
             .get(b"clef_tt_tensor_info_get\0")
             .map(|sym| *sym)?;
@@ -544,6 +552,7 @@ impl ClefTtLibrary {
             clef_tt_mesh_describe,
             clef_tt_mesh_take_op_stats,
             clef_tt_tensor_upload,
+            clef_tt_tensor_allocate,
             clef_tt_tensor_info_get,
             clef_tt_tensor_download,
             clef_tt_tensor_read_stored,
@@ -659,6 +668,14 @@ impl ClefTtLibrary {
         out: *mut *mut clef_tt_tensor,
     ) -> ::std::os::raw::c_int {
         (self.clef_tt_tensor_upload)(mesh, desc, parts, n_parts, out)
+    }
+    pub unsafe fn clef_tt_tensor_allocate(
+        &self,
+        mesh: *mut clef_tt_mesh,
+        desc: *const clef_tt_tensor_desc,
+        out: *mut *mut clef_tt_tensor,
+    ) -> ::std::os::raw::c_int {
+        (self.clef_tt_tensor_allocate)(mesh, desc, out)
     }
     pub unsafe fn clef_tt_tensor_info_get(
         &self,

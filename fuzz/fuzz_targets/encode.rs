@@ -4,8 +4,8 @@
 //! numbers beyond f64 aside, as Python writes them).
 #![no_main]
 
-use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::encode::{encode, json::dumps, EncodeError, LengthRule};
+use clef_tt::request::{parse_body, validate, HostLimits};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use std::sync::OnceLock;
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
                     LengthRule::Reference { max_length } => assert!(len <= max_length),
                 }
             }
-            Err(EncodeError::Api(e)) => assert!((400..500).contains(&e.status), "{e:?}"),
+            Err(EncodeError::Request(e)) => assert!((400..500).contains(&e.status), "{e:?}"),
             Err(EncodeError::Tokenizer(m)) => panic!("tokenizer failed: {m}"),
         }
     }

@@ -2,7 +2,7 @@
 //! host limits) give a request or a 4xx error naming what is wrong; never a panic.
 #![no_main]
 
-use clef_tt::api::{parse_body, validate, HostLimits};
+use clef_tt::request::{parse_body, validate, HostLimits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

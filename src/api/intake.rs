@@ -3,7 +3,7 @@
 //! and encoding (415, 400 for an undecodable body), and JSON (422).
 
 use super::state::ServerSettings;
-use super::{parse_body, ApiError};
+use crate::request::{parse_body, RequestError};
 use axum::body::{to_bytes, Body};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap};
@@ -14,11 +14,11 @@ use serde_json::Value;
 pub(super) async fn read_json(
     settings: &ServerSettings,
     request: Request,
-) -> Result<Value, ApiError> {
+) -> Result<Value, RequestError> {
     let (parts, body) = request.into_parts();
     let limit = settings.max_body_bytes;
     let too_large = || {
-        ApiError::status(
+        RequestError::status(
             413,
             format!("the request body is larger than {limit} bytes"),
             "request_too_large",
@@ -38,7 +38,7 @@ pub(super) async fn read_json(
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let mime = ct.split(';').next().unwrap_or("").trim();
         if !(mime == "application/json" || mime.ends_with("+json")) {
-            return Err(ApiError::status(
+            return Err(RequestError::status(
                 415,
                 format!("Content-Type must be application/json, not {mime:?}"),
                 "unsupported_media_type",
@@ -67,7 +67,10 @@ fn key_matches(given: &[u8], expected: &[u8]) -> bool {
     diff == 0 && given.len() == expected.len()
 }
 
-pub(super) fn check_key(settings: &ServerSettings, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_key(
+    settings: &ServerSettings,
+    headers: &HeaderMap,
+) -> Result<(), RequestError> {
     let Some(key) = &settings.api_key else {
         return Ok(());
     };
@@ -79,7 +82,7 @@ pub(super) fn check_key(settings: &ServerSettings, headers: &HeaderMap) -> Resul
     if key_matches(given.trim().as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
-        Err(ApiError::status(
+        Err(RequestError::status(
             401,
             "missing or invalid API key (Authorization: Bearer <key>)",
             "authentication_error",
@@ -93,10 +96,10 @@ fn decompress(
     encoding: &str,
     bytes: axum::body::Bytes,
     limit: usize,
-) -> Result<axum::body::Bytes, ApiError> {
+) -> Result<axum::body::Bytes, RequestError> {
     use std::io::Read;
     let bad = |e: String| {
-        ApiError::status(
+        RequestError::status(
             400,
             format!("the {encoding} body cannot be decoded: {e}"),
             "invalid_body",
@@ -110,7 +113,7 @@ fn decompress(
                 .map_err(|e| bad(e.to_string()))?,
         ),
         other => {
-            return Err(ApiError::status(
+            return Err(RequestError::status(
                 415,
                 format!("Content-Encoding {other:?} is not supported (gzip, zstd or none)"),
                 "unsupported_media_type",
@@ -123,7 +126,7 @@ fn decompress(
         .read_to_end(&mut out)
         .map_err(|e| bad(e.to_string()))?;
     if out.len() > limit {
-        return Err(ApiError::status(
+        return Err(RequestError::status(
             413,
             format!("the decoded request body is larger than {limit} bytes"),
             "request_too_large",

@@ -1,8 +1,8 @@
-//! The API surface: the wire types (`contract`) and the OpenAPI document built from them
-//! (`openapi`); request parsing and validation and error bodies (`request`, `error`: usable
-//! without HTTP); and over HTTP, a request off the wire (`intake`), the shared state and the
-//! queue (`state`), the axum routes (`server`, the demo page in `demo`), Workers AI's hosted
-//! route (`workers_ai`) and the metrics.
+//! The API over HTTP: the wire types (`contract`) and the OpenAPI document built from them
+//! (`openapi`); a request off the wire (`intake`), the error body (`error`), the shared state,
+//! request ids and the queue (`state`), the axum routes (`server`, the demo page in `demo`),
+//! Workers AI's hosted route and its rules (`workers_ai`) and the metrics. The request model
+//! itself (parsing, validation, questions, answers, refusals) is `crate::request`'s.
 
 pub mod contract;
 pub mod demo;
@@ -10,10 +10,8 @@ mod error;
 mod intake;
 pub mod metrics;
 pub mod openapi;
-pub mod request;
 pub mod server;
 mod state;
 pub mod workers_ai;
 
-pub use error::ApiError;
-pub use request::{parse_body, validate, HostLimits, Question, QuestionType, SystemOneRequest};
+pub use error::error_body;

@@ -10,8 +10,8 @@
 //! constants the routes use.
 
 use super::contract::{
-    DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody, WorkersAiEnvelope,
-    PREFIX_CACHE_HEADER, REQUEST_ID_HEADER,
+    model_pattern, DecisionBody, ErrorBody, HealthBody, ModelList, SystemOneBody, WorkersAiBody,
+    WorkersAiEnvelope, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER,
 };
 use super::state::ServerSettings;
 use super::workers_ai;
@@ -160,7 +160,9 @@ pub fn document(settings: &ServerSettings) -> Value {
                 "in": "header",
                 "required": false,
                 "description": "Any string; load balancers hash it to keep repeats of a state \
-                    on one replica (clef-tt's own clients send the key the server returns).",
+                    on one replica (clef-tt's own clients send the key the server returns; \
+                    deploy/haproxy/haproxy.cfg computes it for a text state without media, \
+                    SHA-256 of the state's UTF-8, when a client sends none).",
                 "schema": {"type": "string"},
             }],
             "requestBody": {
@@ -256,51 +258,23 @@ pub fn document(settings: &ServerSettings) -> Value {
 }
 
 /// Workers AI's route for each served hosted model id, with and without `/client/v4`: the
-/// request schemas again under the hosted rules (`WorkersAi*`: strict, no `truncate` or
-/// `videos`, no unknown fields, the path's body `model`), answers and refusals in the envelope.
+/// hosted request (`WorkersAi*` schemas: the published schema's types and limits, no unknown
+/// fields, the path's body `model`), answers and refusals in the envelope.
 fn workers_ai_paths(
     settings: &ServerSettings,
     paths: &mut Map<String, Value>,
     schemas: &mut Map<String, Value>,
 ) {
-    let mut hosted = settings.clone();
-    hosted.limits = workers_ai::hosted_limits(&settings.limits);
-    hosted.model_names.clear();
-    let mut own = Map::new();
-    schema_refs::<SystemOneBody>(SchemaSettings::draft2020_12(), &mut own);
-    discriminate(&mut own, "Question");
-    apply_limits(&mut own, &hosted);
-    if let Some(props) = own
-        .get_mut("SystemOneRequest")
-        .and_then(|s| s.get_mut("properties"))
-        .and_then(Value::as_object_mut)
-    {
-        props.shift_remove("truncate");
-        props.shift_remove("videos");
-    }
-    for name in [
-        "SystemOneRequest",
-        "NoulQuestion",
-        "ChoiceQuestion",
-        "ScoreQuestion",
-    ] {
-        extend(&mut own, name, "", json!({"additionalProperties": false}));
-    }
-    let renamed = Value::Object(own)
-        .to_string()
-        .replace("#/components/schemas/", "#/components/schemas/WorkersAi");
-    if let Ok(Value::Object(own)) = serde_json::from_str::<Value>(&renamed) {
-        for (name, schema) in own {
-            schemas.insert(format!("WorkersAi{name}"), schema);
-        }
-    }
+    let hosted_request = schema_refs::<WorkersAiBody>(SchemaSettings::draft2020_12(), schemas);
+    discriminate(schemas, "WorkersAiQuestion");
+    apply_hosted_limits(schemas, settings);
     let serialize = || SchemaSettings::draft2020_12().for_serialize();
     let envelope = schema_refs::<WorkersAiEnvelope>(serialize(), schemas);
     let (success, failure) = (envelope.clone(), envelope);
 
     let guarded = settings.api_key.is_some();
     let id_header = json!({
-        "description": "This request's id (also `x-request-id`).",
+        "description": "This request's id, as `x-request-id` (the client's own when well formed).",
         "required": true,
         "schema": {"type": "string"},
     });
@@ -387,8 +361,9 @@ fn workers_ai_paths(
                         "description": "Any account id unless the server sets `CLEF_ACCOUNT_ID`.",
                         "schema": account}],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {
-                        "allOf": [{"$ref": "#/components/schemas/WorkersAiSystemOneRequest"}],
-                        "properties": {"model": {"type": "string", "const": selector}},
+                        "allOf": [hosted_request],
+                        "properties": {"model": {"type": "string",
+                            "pattern": model_pattern(&[selector])}},
                     }}}},
                     "responses": responses,
                 }}),
@@ -412,7 +387,9 @@ fn schema_refs<T: JsonSchema>(settings: SchemaSettings, schemas: &mut Map<String
 
 fn request_id_header() -> Value {
     json!({
-        "description": "This request's id (also in the log and as `x-typesafe-request-id`).",
+        "description": "This request's id: the request's own `x-request-id` when it sent a \
+            well-formed one (1 to 128 visible ASCII characters, `!` to `~`), else one the \
+            server made. Also `x-typesafe-request-id`, and in every log line about the request.",
         "required": true,
         "schema": {"type": "string"},
     })
@@ -458,20 +435,25 @@ fn apply_limits(schemas: &mut Map<String, Value>, settings: &ServerSettings) {
     let set = |schemas: &mut Map<String, Value>, name: &str, pointer: &str, values: Value| {
         extend(schemas, name, pointer, values)
     };
-    let id_names = if limits.strict {
-        json!({"minLength": 1, "maxLength": limits.max_id_chars.min(100),
-               "pattern": "^[A-Za-z0-9_.-]+$"})
+    let mut questions = json!({"minProperties": 1, "maxProperties": limits.max_questions});
+    if limits.strict {
+        questions["propertyNames"] = json!({"minLength": 1,
+            "maxLength": limits.max_id_chars.min(100), "pattern": ID_PATTERN});
     } else {
-        // An empty id is refused unless it has instructions (its text would be empty): the
-        // document asks for an id.
-        json!({"minLength": 1, "maxLength": limits.max_id_chars})
-    };
+        // Any id, but an empty one needs instructions that render to some text (without them
+        // the question id is its instruction, and an empty span is refused).
+        questions["propertyNames"] = json!({"maxLength": limits.max_id_chars});
+        questions["patternProperties"] = json!({"^$": {
+            "allOf": [{"$ref": format!("#{SCHEMAS}/Question")}],
+            "required": ["instructions"],
+            "properties": {"instructions": {"not": {"enum": [null, ""]}}},
+        }});
+    }
     set(
         schemas,
         "SystemOneRequest",
         "/properties/questions",
-        json!({"minProperties": 1, "maxProperties": limits.max_questions,
-               "propertyNames": id_names}),
+        questions,
     );
     if !settings.model_names.is_empty() {
         set(
@@ -488,19 +470,27 @@ fn apply_limits(schemas: &mut Map<String, Value>, settings: &ServerSettings) {
         "/properties/criteria",
         json!({"minProperties": least, "maxProperties": limits.max_choice_options}),
     );
-    set(
-        schemas,
-        "ScoreQuestion",
-        "/properties/criteria",
-        json!({"minItems": least, "maxItems": limits.max_score_levels}),
-    );
+    // Score levels: a list, an object (its keys) or a string (its characters).
+    let levels = limits.max_score_levels;
+    for (branch, bounds) in [
+        ("0", json!({"minItems": least, "maxItems": levels})),
+        (
+            "1",
+            json!({"minProperties": least, "maxProperties": levels}),
+        ),
+        ("2", json!({"minLength": least, "maxLength": levels})),
+    ] {
+        let pointer = format!("/properties/criteria/anyOf/{branch}");
+        set(schemas, "ScoreQuestion", &pointer, bounds);
+    }
     if limits.strict {
+        // `--strict`: instructions required and truthy in Python's sense.
         for name in ["NoulQuestion", "ChoiceQuestion", "ScoreQuestion"] {
             set(
                 schemas,
                 name,
                 "/properties/instructions",
-                json!({"type": "string", "minLength": 1}),
+                json!({"not": {"enum": [null, false, 0, "", [], {}]}}),
             );
             require(schemas, name, "instructions");
         }
@@ -528,6 +518,52 @@ fn apply_limits(schemas: &mut Map<String, Value>, settings: &ServerSettings) {
         json!({"minItems": 1, "maxItems": frames}),
     );
 }
+
+/// Write the hosted limits (the server's, no looser than Workers AI's) into the `WorkersAi*`
+/// schemas.
+fn apply_hosted_limits(schemas: &mut Map<String, Value>, settings: &ServerSettings) {
+    let limits = workers_ai::hosted_limits(&settings.limits);
+    let set = |schemas: &mut Map<String, Value>, name: &str, pointer: &str, values: Value| {
+        extend(schemas, name, pointer, values)
+    };
+    set(
+        schemas,
+        "WorkersAiSystemOneRequest",
+        "/properties/questions",
+        json!({"minProperties": 1, "maxProperties": limits.max_questions,
+               "propertyNames": {"minLength": 1, "maxLength": limits.max_id_chars,
+                                 "pattern": ID_PATTERN}}),
+    );
+    set(
+        schemas,
+        "WorkersAiSystemOneRequest",
+        "/properties/images",
+        json!({"maxItems": workers_ai::max_images(settings)}),
+    );
+    set(
+        schemas,
+        "WorkersAiChoiceQuestion",
+        "/properties/criteria",
+        json!({"minProperties": 2, "maxProperties": limits.max_choice_options}),
+    );
+    set(
+        schemas,
+        "WorkersAiScoreQuestion",
+        "/properties/criteria",
+        json!({"minItems": 2, "maxItems": limits.max_score_levels}),
+    );
+    // No field the hosted API does not know (the `type` tag is in the properties by now).
+    for name in [
+        "WorkersAiNoulQuestion",
+        "WorkersAiChoiceQuestion",
+        "WorkersAiScoreQuestion",
+    ] {
+        set(schemas, name, "", json!({"additionalProperties": false}));
+    }
+}
+
+/// Question ids under `--strict` and on the hosted route.
+const ID_PATTERN: &str = "^[A-Za-z0-9_.-]+$";
 
 /// Move the `type` tag of each variant of the internally tagged enum `name` into the variant's
 /// own schema and name it as the OpenAPI discriminator, so client generators see

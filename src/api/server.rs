@@ -11,7 +11,7 @@ use super::openapi;
 use super::state::{error_response, json_response, run, Decided};
 pub use super::state::{AppState, DeviceProbe, ServerSettings};
 use super::workers_ai;
-use super::{validate, ApiError};
+use crate::request::{validate, RequestError};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -46,8 +46,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
-    let id = state.request_id();
-    let (resp, status, tokens) = match decide(&state, request).await {
+    let id = state.request_id(request.headers());
+    let (resp, status, tokens) = match decide(&state, request, &id).await {
         Ok(decided) => {
             let mut resp = json_response(200, &decided.body, &id);
             decided.add_headers(&mut resp);
@@ -61,13 +61,13 @@ async fn systemone(State(state): State<Arc<AppState>>, request: Request) -> Resp
     resp
 }
 
-async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError> {
+async fn decide(state: &AppState, request: Request, id: &str) -> Result<Decided, RequestError> {
     check_key(&state.settings, request.headers())?;
     let value = read_json(&state.settings, request).await?;
     let request = validate(&value, Some(&state.settings.limits))?;
     let names = &state.settings.model_names;
     if !names.is_empty() && !names.iter().any(|n| n == &request.model) {
-        return Err(ApiError {
+        return Err(RequestError {
             status: 404,
             loc: vec![Value::from("body"), Value::from("model")],
             msg: format!(
@@ -78,13 +78,14 @@ async fn decide(state: &AppState, request: Request) -> Result<Decided, ApiError>
             kind: "model_not_found".into(),
         });
     }
-    run(state, request).await
+    run(state, request, id).await
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let id = state.request_id();
+    let id = state.request_id(&headers);
     if let Err(e) = check_key(&state.settings, &headers) {
         state.metrics.record("/v1/models", e.status, 0.0);
+        tracing::info!(id = %id, status = e.status, "models");
         return error_response(&e, &id);
     }
     let snap = state.snapshot();
@@ -133,11 +134,12 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
             .collect(),
     };
     state.metrics.record("/v1/models", 200, 0.0);
+    tracing::info!(id = %id, status = 200, "models");
     let body = serde_json::to_value(list).unwrap_or(Value::Null);
     json_response(200, &body, &id)
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Response {
+async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let snap = state.snapshot();
     let ready = state.engine.is_ready();
     let body = HealthBody {
@@ -151,7 +153,11 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         queued: snap.queued,
     };
     let body = serde_json::to_value(body).unwrap_or(Value::Null);
-    json_response(if ready { 200 } else { 503 }, &body, &state.request_id())
+    json_response(
+        if ready { 200 } else { 503 },
+        &body,
+        &state.request_id(&headers),
+    )
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -164,28 +170,45 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     resp
 }
 
-async fn openapi_document(State(state): State<Arc<AppState>>) -> Response {
+async fn openapi_document(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     // Built per request (a few ms): the document is for tools, not the hot path.
     json_response(
         200,
         &openapi::document(&state.settings),
-        &state.request_id(),
+        &state.request_id(&headers),
     )
 }
 
-async fn method_not_allowed(State(state): State<Arc<AppState>>) -> Response {
+async fn method_not_allowed(State(state): State<Arc<AppState>>, request: Request) -> Response {
     route_error(
         &state,
+        &request,
         405,
         "this route does not take that method; see /openapi.json",
         "method_not_allowed",
     )
 }
 
-async fn not_found(State(state): State<Arc<AppState>>) -> Response {
-    route_error(&state, 404, "no such route; see /openapi.json", "not_found")
+async fn not_found(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    route_error(
+        &state,
+        &request,
+        404,
+        "no such route; see /openapi.json",
+        "not_found",
+    )
 }
 
-fn route_error(state: &AppState, status: u16, msg: &str, kind: &str) -> Response {
-    error_response(&ApiError::status(status, msg, kind), &state.request_id())
+/// A refusal of the route itself, logged with the request's id, method and path.
+fn route_error(
+    state: &AppState,
+    request: &Request,
+    status: u16,
+    msg: &str,
+    kind: &str,
+) -> Response {
+    let id = state.request_id(request.headers());
+    let (method, path) = (request.method(), request.uri().path());
+    tracing::info!(id = %id, status, %method, path, "refused");
+    error_response(&RequestError::status(status, msg, kind), &id)
 }

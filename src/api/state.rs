@@ -1,17 +1,25 @@
 //! What every route shares: the server's settings, the state behind the routes (engine,
 //! metrics, request ids), JSON answers with their headers, and running a validated decision
 //! through the queue (`run`), for `/v1/systemone` and the Workers AI route alike.
+//!
+//! Request ids: a client's (or a gateway's, or HAProxy's) `x-request-id` is kept when it is
+//! well formed — one header of 1 to 128 visible ASCII characters (`!` to `~`: no spaces, no
+//! control characters) — so one id names the request in every log on its way; otherwise
+//! (absent, repeated, too long, anything else) the server makes one. Either way the answer carries it
+//! (`x-request-id`, `x-typesafe-request-id`, Workers AI's `cf-ai-req-id`) and every log line
+//! about the request names it, the worker's included.
 
 use super::contract::{DecisionBody, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
+use super::error::error_body;
 use super::metrics::{Metrics, Snapshot};
-use super::{ApiError, HostLimits, SystemOneRequest};
 use crate::encode::json::dumps;
 use crate::encode::state_key::{state_key, STATE_KEY_HEADER};
 use crate::encode::LengthRule;
 use crate::engine::prefix_cache::CacheUse;
 use crate::engine::worker::{Engine, Job, SubmitError};
 use crate::media::MediaLimits;
-use axum::http::{header, HeaderValue, StatusCode};
+use crate::request::{HostLimits, RequestError, SystemOneRequest};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use clef_device::DeviceUsage;
 use serde_json::Value;
@@ -82,7 +90,20 @@ impl AppState {
         })
     }
 
-    pub(super) fn request_id(&self) -> String {
+    /// This request's id: its `x-request-id` when it has one and that one is well formed
+    /// ([`well_formed_request_id`]), else a new one.
+    pub(super) fn request_id(&self, headers: &HeaderMap) -> String {
+        let mut sent = headers.get_all(REQUEST_ID_HEADER).iter();
+        match (sent.next(), sent.next()) {
+            (Some(id), None) if well_formed_request_id(id.as_bytes()) => {
+                String::from_utf8_lossy(id.as_bytes()).into_owned()
+            }
+            _ => self.new_request_id(),
+        }
+    }
+
+    /// An id of the server's own: `req_` and 16 hex digits.
+    fn new_request_id(&self) -> String {
         format!("req_{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
@@ -111,6 +132,15 @@ impl AppState {
     }
 }
 
+/// The longest client request id kept.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a client's `x-request-id` is kept: 1 to [`MAX_REQUEST_ID_LEN`] bytes, each visible
+/// ASCII (`!` to `~`).
+pub fn well_formed_request_id(id: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID_LEN).contains(&id.len()) && id.iter().all(|b| (b'!'..=b'~').contains(b))
+}
+
 pub(super) fn json_response(status: u16, body: &Value, request_id: &str) -> Response {
     let mut resp = (
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -132,8 +162,8 @@ pub(super) fn json_response(status: u16, body: &Value, request_id: &str) -> Resp
 /// Seconds a client is told to wait after a 429.
 pub(super) const RETRY_AFTER_SECONDS: &str = "1";
 
-pub(super) fn error_response(e: &ApiError, request_id: &str) -> Response {
-    let mut resp = json_response(e.status, &e.body(), request_id);
+pub(super) fn error_response(e: &RequestError, request_id: &str) -> Response {
+    let mut resp = json_response(e.status, &error_body(e), request_id);
     if e.status == 429 {
         resp.headers_mut().insert(
             header::RETRY_AFTER,
@@ -165,11 +195,17 @@ impl Decided {
     }
 }
 
-/// Queue a validated request and wait for its answer (429 when the queue is full).
-pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<Decided, ApiError> {
+/// Queue a validated request and wait for its answer (429 when the queue is full); `id` names
+/// it in the worker's log lines.
+pub(super) async fn run(
+    state: &AppState,
+    request: SystemOneRequest,
+    id: &str,
+) -> Result<Decided, RequestError> {
     let key = state_key(&request);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
+        id: id.to_string(),
         request,
         rule: state.settings.rule,
         reply: tx,
@@ -177,7 +213,7 @@ pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<D
     match state.engine.submit(job) {
         Ok(()) => {}
         Err(SubmitError::Full) => {
-            return Err(ApiError::status(
+            return Err(RequestError::status(
                 429,
                 format!(
                     "the queue is full ({} requests waiting); retry shortly",
@@ -187,7 +223,7 @@ pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<D
             ))
         }
         Err(SubmitError::Closed) => {
-            return Err(ApiError::status(
+            return Err(RequestError::status(
                 503,
                 "the server is shutting down",
                 "unavailable",
@@ -197,7 +233,7 @@ pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<D
     // If this future is dropped (the client went away), `rx` closes and the worker skips the job.
     let decision = rx
         .await
-        .map_err(|_| ApiError::internal("the worker stopped before answering"))??;
+        .map_err(|_| RequestError::internal("the worker stopped before answering"))??;
     let mut body = decision.response;
     DecisionBody::set_latency_ms(&mut body, decision.model_seconds);
     Ok(Decided {
@@ -206,4 +242,25 @@ pub(super) async fn run(state: &AppState, request: SystemOneRequest) -> Result<D
         cache: decision.cache,
         state_key: key,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::well_formed_request_id as ok;
+
+    #[test]
+    fn request_ids_are_kept_when_one_to_128_visible_ascii_characters() {
+        assert!(ok(b"a") && ok(b"!~") && ok(&[b'x'; 128]));
+        assert!(ok(b"7f3a9c1e-5b2d-4e8f-9a6b-0c1d2e3f4a5b") && ok(b"gw:req.42_A"));
+        for bad in [
+            &b""[..],
+            &[b'x'; 129],
+            b"has space",
+            b"tab\there",
+            b"del\x7f",
+            b"caf\xc3\xa9",
+        ] {
+            assert!(!ok(bad), "{bad:?}");
+        }
+    }
 }

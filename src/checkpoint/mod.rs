@@ -80,15 +80,53 @@ impl CheckpointError {
     }
 }
 
-/// The directory of the built-in default model: the tiny random-weight Clef fixture shipped in
-/// the repository (a demo model; its answers mean nothing). `CLEF_DEFAULT_MODEL` overrides it.
+/// What [`default_model_dir`] returns when this installation has no built-in model: opening
+/// it fails with [`CheckpointError::Resolve`] saying what to pass instead.
+pub const NO_BUILTIN_MODEL: &str = "<no built-in model>";
+
+/// The directory of the built-in default model: the tiny random-weight Clef fixture of the
+/// source checkout (a demo model; its answers mean nothing). `CLEF_DEFAULT_MODEL` overrides
+/// it. The checkout is found at run time from where the running executable is (see
+/// [`checkout_fixture`]), never from a path fixed at compile time: an installed binary (the
+/// wheel, `cargo install`) has no built-in model, and [`NO_BUILTIN_MODEL`] makes opening it
+/// say so.
 pub fn default_model_dir() -> PathBuf {
-    match std::env::var_os("CLEF_DEFAULT_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/tiny-clef"
-        )),
+    if let Some(p) = std::env::var_os("CLEF_DEFAULT_MODEL") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().ok();
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    exe.as_deref()
+        .and_then(checkout_fixture)
+        .or_else(|| manifest_dir.and_then(|d| fixture_in(&d)))
+        .unwrap_or_else(|| PathBuf::from(NO_BUILTIN_MODEL))
+}
+
+/// The fixture of the checkout an executable was built in: `exe` inside the checkout's
+/// `target/` (`target/<profile>/clef-tt`, test executables in `target/<profile>/deps/`,
+/// `target/<triple>/<profile>/...`). `None` anywhere else, e.g. a virtualenv's `bin/`.
+pub fn checkout_fixture(exe: &Path) -> Option<PathBuf> {
+    exe.ancestors()
+        .skip(1)
+        .take(4)
+        .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
+        .and_then(Path::parent)
+        .and_then(fixture_in)
+}
+
+/// `DIR/tests/fixtures/tiny-clef` when `DIR` is a clef-tt checkout holding it.
+fn fixture_in(dir: &Path) -> Option<PathBuf> {
+    let fixture = dir.join("tests").join("fixtures").join("tiny-clef");
+    (dir.join("Cargo.toml").is_file() && fixture.join("config.json").is_file()).then_some(fixture)
+}
+
+/// The error for [`NO_BUILTIN_MODEL`].
+fn no_builtin_model() -> CheckpointError {
+    CheckpointError::Resolve {
+        model: NO_BUILTIN_MODEL.into(),
+        msg: "this clef-tt has no built-in demo model (it comes with a source checkout only): \
+              pass --model DIR or a hub id, or set HF_MODEL, CLEF_MODEL or CLEF_DEFAULT_MODEL"
+            .into(),
     }
 }
 
@@ -120,6 +158,9 @@ impl Checkpoint {
 
     /// Open only the backbone: config and text tensors (a bare Qwen3.5 checkpoint).
     pub fn open_text(dir: &Path) -> Result<Self, CheckpointError> {
+        if dir == Path::new(NO_BUILTIN_MODEL) {
+            return Err(no_builtin_model());
+        }
         let config = ModelConfig::read(dir)?;
         let tensors = TensorStore::open_model(dir)?;
         check_text_tensors(&config.text, &tensors)?;
@@ -248,4 +289,46 @@ fn check_text_tensors(t: &TextConfig, store: &TensorStore) -> Result<(), Checkpo
         store.expect(LM_HEAD, &[t.vocab_size, t.hidden_size])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fixture_is_found_from_a_checkouts_target_dir_only() {
+        let root = std::env::temp_dir().join(format!("clef-checkout-{}", std::process::id()));
+        let fixture = root.join("tests/fixtures/tiny-clef");
+        std::fs::create_dir_all(&fixture).unwrap();
+        std::fs::write(root.join("Cargo.toml"), "").unwrap();
+        std::fs::write(fixture.join("config.json"), "{}").unwrap();
+        for exe in [
+            "target/release/clef-tt",
+            "target/debug/deps/clef_tt-0123",
+            "target/x86_64-unknown-linux-gnu/release/clef-tt",
+        ] {
+            assert_eq!(
+                checkout_fixture(&root.join(exe)).as_deref(),
+                Some(fixture.as_path()),
+                "{exe}"
+            );
+        }
+        // An installed binary: a virtualenv inside the checkout still has no built-in model.
+        assert_eq!(checkout_fixture(&root.join(".venv/bin/clef-tt")), None);
+        assert_eq!(checkout_fixture(Path::new("/usr/local/bin/clef-tt")), None);
+        // A `target` folder that is not a checkout's.
+        std::fs::remove_file(root.join("Cargo.toml")).unwrap();
+        assert_eq!(checkout_fixture(&root.join("target/release/clef-tt")), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn an_installation_without_a_built_in_model_says_what_to_pass() {
+        let err = Checkpoint::open(Path::new(NO_BUILTIN_MODEL))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--model"), "{err}");
+        assert!(err.contains("HF_MODEL"), "{err}");
+    }
 }

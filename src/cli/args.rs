@@ -95,6 +95,20 @@ pub enum Command {
         /// Patches of the modelled image (Clef-27B's tower).
         #[arg(long, default_value_t = 1024)]
         patches: usize,
+        /// Also place the plan on a Tenstorrent mesh through the shim, without host data:
+        /// every weight, the prefix cache's slots and one chunk's working set, with the bytes
+        /// the device's allocator holds per class (fails naming a class that does not fit).
+        #[arg(long)]
+        on_device: bool,
+        /// The shim for --on-device (default: as --device tt finds it).
+        #[arg(long, env = "CLEF_TT_SHIM")]
+        tt_shim: Option<PathBuf>,
+        /// Prefix-cache slots placed with --on-device.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// Tokens of each placed slot.
+        #[arg(long, default_value_t = 16384)]
+        slot_tokens: usize,
     },
     /// Write a complete random-weight checkpoint for benchmarks.
     MakeRandom {
@@ -274,14 +288,28 @@ pub struct ServeArgs {
     /// Serve the browser demo page at `/` (0 turns it off).
     #[arg(long, env = "CLEF_DEMO", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
     pub demo: bool,
-    /// A serve profile (profiles/p150x2.toml, p150x4.toml): its `port` and `[env]` settings
-    /// apply where neither a flag nor the environment sets them.
+    /// A serve profile: a file (profiles/p150x2.toml) or a built-in one by name (p150x2,
+    /// p150x4); its `port` and `[env]` settings apply where neither a flag nor the environment
+    /// sets them.
     #[arg(long)]
     pub settings: Option<PathBuf>,
     /// Load the weights from a tensor cache written by `clef-tt convert` for the same model,
     /// mesh and profile (refused, with the command to rebuild it, when anything differs).
     #[arg(long, env = "CLEF_TENSOR_CACHE")]
     pub tensor_cache: Option<PathBuf>,
+    /// Keep converted weights under DIR (tt-model mounts one there): the first start converts
+    /// the checkpoint into DIR/clef-tt/<backend>-<mesh>-<profile>/, later starts load it (a
+    /// stale one is converted again). `--tensor-cache` takes precedence.
+    #[arg(long, env = "TT_CACHE_PATH", value_name = "DIR")]
+    pub tensor_cache_root: Option<PathBuf>,
+    /// A line written to stderr once the server is ready (listening, every worker warmed up),
+    /// for a supervisor that watches the log (the tt-model launcher sets tt-model's ready line).
+    #[arg(long, env = "CLEF_READY_MESSAGE")]
+    pub ready_message: Option<String>,
+    /// Seconds the requests in flight get after SIGTERM before the server stops anyway
+    /// (tt-model kills a container 120 s after SIGTERM).
+    #[arg(long, env = "CLEF_SHUTDOWN_TIMEOUT", default_value_t = 90)]
+    pub shutdown_timeout: u64,
     /// State prefixes each worker keeps (0 disables the prefix cache).
     #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
     pub prefix_cache: usize,

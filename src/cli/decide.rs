@@ -6,10 +6,10 @@
 //! (without the server's `latency_ms`, so both modes print the same lines for one model).
 
 use clef_device::MeshOps;
-use clef_tt::api::HostLimits;
 use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
+use clef_tt::request::HostLimits;
 use serde_json::json;
 use std::io::Write;
 
@@ -34,7 +34,7 @@ pub fn result_line<B: MeshOps>(
 ) -> String {
     let (status, body) = match pipeline.decide_body(body.as_bytes(), rule, limits) {
         Ok(d) => (200, d.response),
-        Err(e) => (e.status, e.body()),
+        Err(e) => (e.status, clef_tt::api::error_body(&e)),
     };
     dumps(&json!({"status": status, "body": body}), false)
 }

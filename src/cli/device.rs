@@ -49,13 +49,23 @@ impl Device {
     pub fn describe(&self) -> Value {
         match self {
             Device::Cpu => json!({"kind": "cpu"}),
-            Device::Tt(shim) => json!({
-                "kind": "tt",
-                "shim": shim.path().display().to_string(),
-                "abi_version": shim.version(),
-                "backend": shim.backend(),
-                "hardware": shim.backend() == "ttnn",
-            }),
+            Device::Tt(shim) => {
+                // What runs the ops: "host" (simulated), "mock" (tt-metal's mock cluster: no
+                // device data), "silicon"; and the runtime (ttnn's version).
+                let facts: Value = shim
+                    .describe()
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default();
+                json!({
+                    "kind": "tt",
+                    "shim": shim.path().display().to_string(),
+                    "abi_version": shim.version(),
+                    "backend": shim.backend(),
+                    "hardware": facts["hardware"],
+                    "runtime": facts["runtime"],
+                })
+            }
         }
     }
 }

@@ -3,8 +3,8 @@
 //! routing key `x-clef-state-key` of each body (`encode::state_key`).
 
 use anyhow::Context;
-use clef_tt::api::{parse_body, validate};
 use clef_tt::encode::state_key::{state_key, STATE_KEY_HEADER};
+use clef_tt::request::{parse_body, validate};
 use std::time::{Duration, Instant};
 
 /// One answered request.

@@ -207,6 +207,10 @@ pub fn main() -> anyhow::Result<()> {
             tokens,
             start,
             patches,
+            on_device,
+            tt_shim,
+            slots,
+            slot_tokens,
         } => {
             let (text, _) = clef_tt::random::shape_configs(shape);
             let vision = matches!(shape, clef_tt::random::Shape::Clef27b)
@@ -214,21 +218,28 @@ pub fn main() -> anyhow::Result<()> {
             let shape_name = clap::ValueEnum::to_possible_value(&shape)
                 .map(|v| v.get_name().to_string())
                 .unwrap_or_default();
-            let devices = mesh.parse::<MeshShape>()?.devices();
+            let mesh_shape = mesh.parse::<MeshShape>()?;
             let precision = Precision::from_env(&profile)?;
-            print!(
-                "{}",
-                clef_tt::perf_model::report::render(&clef_tt::perf_model::report::PlanQuestion {
-                    name: &shape_name,
-                    text: &text,
-                    vision,
-                    devices,
-                    precision: &precision,
-                    tokens,
-                    start,
-                    patches,
-                })?
-            );
+            let question = clef_tt::perf_model::report::PlanQuestion {
+                name: &shape_name,
+                text: &text,
+                vision,
+                devices: mesh_shape.devices(),
+                precision: &precision,
+                tokens,
+                start,
+                patches,
+            };
+            print!("{}", clef_tt::perf_model::report::render(&question)?);
+            if on_device {
+                plan_on_device(
+                    &question,
+                    mesh_shape,
+                    tt_shim.as_deref(),
+                    slots,
+                    slot_tokens,
+                )?;
+            }
             Ok(())
         }
         Command::Devices { device } => {
@@ -237,6 +248,44 @@ pub fn main() -> anyhow::Result<()> {
         }
         Command::Bench { what } => run_bench(what),
     }
+}
+
+/// `plan --on-device`: the plan placed on a Tenstorrent mesh through the shim.
+fn plan_on_device(
+    q: &clef_tt::perf_model::report::PlanQuestion,
+    shape: MeshShape,
+    shim: Option<&std::path::Path>,
+    slots: usize,
+    slot_tokens: usize,
+) -> anyhow::Result<()> {
+    use clef_tt::perf_model::placement;
+    let shim = clef_device::tt::Shim::load(shim)?;
+    let mesh = clef_device::tt::TtMesh::open(
+        &shim,
+        clef_device::tt::MeshPlacement::direct(shape),
+        q.precision.numerics(),
+    )?;
+    println!(
+        "## On the device: {} through {} ({} backend)\n",
+        shape,
+        shim.path().display(),
+        shim.backend()
+    );
+    let placed = placement::place(&mesh, q, slots, slot_tokens)?;
+    let weight_classes = placed
+        .rows
+        .iter()
+        .take_while(|r| !r.class.starts_with("prefix cache"))
+        .count();
+    print!(
+        "{}",
+        placement::render(
+            &placed,
+            weight_classes,
+            clef_tt::perf_model::report::PORT_FREE_GIB
+        )
+    );
+    Ok(())
 }
 
 fn run_bench(what: BenchCommand) -> anyhow::Result<()> {

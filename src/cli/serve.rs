@@ -1,12 +1,14 @@
-//! `clef-tt serve`: load the model once per worker, start the queue and the HTTP server, warm
-//! up, serve until SIGTERM/Ctrl-C, then finish the requests in flight and exit 0.
+//! `clef-tt serve`: bind the port, load the model once per worker, start the queue and the HTTP
+//! server, warm up (announcing readiness with `--ready-message`), serve until SIGTERM/Ctrl-C,
+//! then finish the requests in flight (for at most `--shutdown-timeout` seconds) and exit 0. A
+//! stop asked for before the server is up ends the process at once (see
+//! [`stop_while_starting`]).
 
 use super::args::ServeArgs;
 use super::device::{on_device, Device, MeshLayout};
 use anyhow::Context;
 use clef_device::{MeshOps, MeshShape};
 use clef_tt::api::server::{router, AppState, DeviceProbe, ServerSettings};
-use clef_tt::api::{parse_body, validate, HostLimits};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
@@ -14,9 +16,13 @@ use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStat
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
 use clef_tt::precision::Precision;
+use clef_tt::request::{parse_body, validate, HostLimits};
 use clef_tt::tensor_cache::TensorCache;
 use serde_json::json;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Everything `serve` needs, resolved from flags and `CLEF_*` variables.
 pub struct ServeOptions {
@@ -45,6 +51,12 @@ pub struct ServeOptions {
     pub media_limits: clef_tt::media::MediaLimits,
     pub prefix_cache: PrefixCacheOptions,
     pub tensor_cache: Option<std::path::PathBuf>,
+    /// Where converted weights are kept (`TT_CACHE_PATH`): converted on the first start.
+    pub tensor_cache_root: Option<std::path::PathBuf>,
+    /// Written to stderr once every worker is ready.
+    pub ready_message: Option<String>,
+    /// How long the requests in flight get after SIGTERM.
+    pub shutdown_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -86,6 +98,9 @@ impl ServeOptions {
             demo: a.demo,
             media_limits: a.media.limits(),
             tensor_cache: a.tensor_cache,
+            tensor_cache_root: a.tensor_cache_root.filter(|p| !p.as_os_str().is_empty()),
+            ready_message: a.ready_message.filter(|m| !m.is_empty()),
+            shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
             prefix_cache: PrefixCacheOptions {
                 slots: a.prefix_cache,
                 max_bytes: a.prefix_cache_bytes,
@@ -289,13 +304,131 @@ fn card(
 }
 
 pub fn run(o: ServeOptions) -> anyhow::Result<()> {
-    on_device!(&o.device, o.layout, o.precision.numerics(), |open| {
-        run_on(&o, &open)
-    })
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()?;
+    let stop = Stop::watch(&runtime, matches!(o.device, Device::Tt(_)))?;
+    // Bound before the weights load, so a port that is taken fails the start at once (and not
+    // after minutes of loading); connections wait in the backlog until the server serves.
+    let addr = format!("{}:{}", o.host, o.port);
+    let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
+    listener.set_nonblocking(true)?;
+    let served = on_device!(&o.device, o.layout, o.precision.numerics(), |open| {
+        run_on(&o, &open, &runtime, listener, &stop)
+    });
+    // Requests still running after the deadline are dropped with their tasks.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
 }
 
-/// Load one pipeline per worker on meshes `open(i)` gives, then serve.
-fn run_on<B>(o: &ServeOptions, open: &dyn Fn(usize) -> anyhow::Result<B>) -> anyhow::Result<()>
+/// The stop signals (SIGTERM, SIGINT), watched from the start of `serve`.
+struct Stop {
+    /// Becomes `true` on the first signal once the server is up.
+    asked: tokio::sync::watch::Receiver<bool>,
+    /// Set when the server starts serving; before that a signal ends the process.
+    serving: Arc<AtomicBool>,
+}
+
+impl Stop {
+    fn watch(runtime: &tokio::runtime::Runtime, tt: bool) -> anyhow::Result<Stop> {
+        let signals = {
+            let _entered = runtime.enter();
+            Signals::register()?
+        };
+        let (tx, asked) = tokio::sync::watch::channel(false);
+        let serving = Arc::new(AtomicBool::new(false));
+        let up = serving.clone();
+        runtime.spawn(async move {
+            signals.first().await;
+            if !up.load(Ordering::SeqCst) {
+                stop_while_starting(tt);
+            }
+            tracing::info!("shutting down: finishing requests in flight");
+            let _ = tx.send(true);
+        });
+        Ok(Stop { asked, serving })
+    }
+}
+
+/// A stop asked for while the weights load or the mesh opens: loading cannot be interrupted
+/// and a supervisor (tt-model: `docker stop --timeout 120`) would only wait and then kill, so
+/// the process ends now. On the CPU that is a clean exit (0). On Tenstorrent the mesh is left
+/// mid-transfer exactly as by SIGKILL, so the process ends by SIGKILL (status 137), which is
+/// what makes tt-model reset the chips after an unclean stop.
+fn stop_while_starting(tt: bool) -> ! {
+    if tt {
+        tracing::warn!("stopped while starting: ending as killed (137) so the chips get reset");
+        #[cfg(unix)]
+        {
+            extern "C" {
+                fn kill(pid: i32, sig: i32) -> i32;
+            }
+            const SIGKILL: i32 = 9;
+            // SAFETY: kill(2) on this process's own id; it does not return once delivered.
+            unsafe {
+                kill(std::process::id() as i32, SIGKILL);
+            }
+        }
+        std::process::exit(137);
+    }
+    tracing::info!("stopped while starting");
+    std::process::exit(0)
+}
+
+/// The tensor cache kept under `root` (`--tensor-cache-root`, tt-model's `TT_CACHE_PATH`) for
+/// this backend, mesh and profile: opened when it matches the checkpoint, else converted from
+/// it on `mesh` first (the first start, or a changed checkpoint or profile). `None` when it
+/// can be neither read nor written (a read-only mount): the weights then load from the
+/// checkpoint, as without a cache.
+fn managed_cache<B: MeshOps>(
+    root: &Path,
+    ckpt: &Checkpoint,
+    mesh: &B,
+    o: &ServeOptions,
+) -> Option<TensorCache> {
+    let backend = mesh.backend_name();
+    let shape = o.layout.shape.to_string();
+    let profile = &o.precision.name;
+    let formats = o.precision.weight_formats();
+    let dir = root
+        .join("clef-tt")
+        .join(format!("{backend}-{shape}-{profile}"));
+    let open = || TensorCache::open(&dir, ckpt, backend, &shape, profile, &formats);
+    match open() {
+        Ok(cache) => return Some(cache),
+        Err(e) => {
+            let why = match e {
+                clef_tt::tensor_cache::CacheError::Stale(why, _) => why,
+                other => other.to_string(),
+            };
+            tracing::info!(why, "converting the weights into the tensor cache");
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let (pb, report) = super::progress::bar("converting");
+    let converted = clef_tt::tensor_cache::convert(ckpt, mesh, profile, &formats, &dir, &report);
+    pb.finish_and_clear();
+    match converted.and_then(|_| open()) {
+        Ok(cache) => {
+            tracing::info!(dir = %dir.display(), ms = t0.elapsed().as_millis() as u64, "tensor cache written");
+            Some(cache)
+        }
+        Err(e) => {
+            tracing::warn!(root = %root.display(), "the tensor cache cannot be written ({e}): loading from the checkpoint");
+            None
+        }
+    }
+}
+
+/// Load one pipeline per worker on meshes `open(i)` gives, then serve on `listener`.
+fn run_on<B>(
+    o: &ServeOptions,
+    open: &dyn Fn(usize) -> anyhow::Result<B>,
+    runtime: &tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+    stop: &Stop,
+) -> anyhow::Result<()>
 where
     B: MeshOps + Clone + Send + 'static,
     B::Tensor: Send,
@@ -308,8 +441,8 @@ where
     tracing::info!(device = %o.device.describe(), "device");
     let mut first = Some(open(0)?);
     let backend = first.as_ref().map_or("cpu", |m| m.backend_name());
-    let cache = match &o.tensor_cache {
-        Some(dir) => Some(TensorCache::open(
+    let cache = match (&o.tensor_cache, &o.tensor_cache_root, &first) {
+        (Some(dir), _, _) => Some(TensorCache::open(
             dir,
             &ckpt,
             backend,
@@ -317,7 +450,8 @@ where
             &o.precision.name,
             &o.precision.weight_formats(),
         )?),
-        None => None,
+        (None, Some(root), Some(mesh)) => managed_cache(root, &ckpt, mesh, o),
+        _ => None,
     };
     let mut pipelines = Vec::new();
     let mut meshes = Vec::new();
@@ -400,44 +534,80 @@ where
     let device_probe = DeviceProbe::new(move || meshes.iter().filter_map(|m| m.usage()).collect());
     let settings = server_settings(o, &ckpt, rule, limits, card, Some(device_probe));
     let state = AppState::new(engine, settings);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()?;
+    stop.serving.store(true, Ordering::SeqCst);
+    let ready_message = o.ready_message.clone();
+    let deadline = o.shutdown_timeout;
+    let asked = stop.asked.clone();
     runtime.block_on(async move {
-        let addr = format!("{}:{}", o.host, o.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
-        tracing::info!("stopped");
+        let watched = state.clone();
+        tokio::spawn(async move {
+            while !watched.engine.is_ready() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tracing::info!("ready: every worker warmed up");
+            if let Some(line) = ready_message {
+                eprintln!("{line}");
+            }
+        });
+        let mut graceful = asked.clone();
+        let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+            let _ = graceful.wait_for(|asked| *asked).await;
+        });
+        let mut late = asked;
+        let overdue = async move {
+            let _ = late.wait_for(|asked| *asked).await;
+            tokio::time::sleep(deadline).await;
+        };
+        tokio::select! {
+            served = server => {
+                served?;
+                tracing::info!("stopped");
+            }
+            _ = overdue => tracing::warn!(
+                seconds = deadline.as_secs(),
+                "requests were still running at the shutdown deadline: stopped without them"
+            ),
+        }
         anyhow::Ok(())
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM and SIGINT, registered together before anything loads (as PID 1 in a container a
+/// signal without a handler would be ignored).
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Needs a runtime context.
+    fn register() -> anyhow::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).context("handling SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("handling SIGINT")?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    tracing::info!("shutting down: finishing requests in flight");
+
+    /// The first of them.
+    async fn first(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 #[cfg(test)]
@@ -475,6 +645,9 @@ mod tests {
                 planner: false,
             },
             tensor_cache: None,
+            tensor_cache_root: None,
+            ready_message: None,
+            shutdown_timeout: Duration::from_secs(90),
         }
     }
 

@@ -1,8 +1,33 @@
-//! `serve --settings FILE`: a serve profile (`profiles/p150x2.toml`, `p150x4.toml`) whose
-//! `port` and `[env]` settings apply where neither a flag nor the environment sets them.
+//! `serve --settings FILE|NAME`: a serve profile (`profiles/p150x2.toml`, `p150x4.toml`, or
+//! one of them by name, embedded in the binary) whose `port` and `[env]` settings apply where
+//! neither a flag nor the environment sets them.
 
 use super::args::Cli;
 use anyhow::{bail, Context};
+
+/// The serve profiles shipped in the binary, for `--settings NAME` (an installed clef-tt has no
+/// `profiles/` folder beside it).
+pub const PROFILES: [(&str, &str); 2] = [
+    ("p150x2", include_str!("../../profiles/p150x2.toml")),
+    ("p150x4", include_str!("../../profiles/p150x4.toml")),
+];
+
+/// The text of `--settings VALUE`: the file at VALUE, else the built-in profile named VALUE.
+fn settings_text(value: &str) -> anyhow::Result<String> {
+    match std::fs::read_to_string(value) {
+        Ok(text) => Ok(text),
+        Err(e) => match PROFILES.iter().find(|(name, _)| *name == value) {
+            Some((_, text)) => Ok(text.to_string()),
+            None => Err(e).with_context(|| {
+                let names: Vec<&str> = PROFILES.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "reading {value} (neither a file nor a built-in profile: {})",
+                    names.join(", ")
+                )
+            }),
+        },
+    }
+}
 
 /// A serve profile file (`serve --settings FILE`).
 #[derive(serde::Deserialize)]
@@ -47,7 +72,7 @@ pub fn apply_settings_file() -> anyhow::Result<()> {
             })
     });
     let Some(path) = path else { return Ok(()) };
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let text = settings_text(&path)?;
     let file: SettingsFile = toml::from_str(&text).with_context(|| format!("parsing {path}"))?;
     let known = serve_env_names();
     let mut env = file.env;
@@ -67,6 +92,18 @@ pub fn apply_settings_file() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_built_in_profiles_are_the_files_and_files_win_over_names() {
+        for (name, text) in super::PROFILES {
+            let path = format!("{}/profiles/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+            assert_eq!(super::settings_text(name).unwrap(), text);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+            assert_eq!(super::settings_text(&path).unwrap(), text);
+        }
+        let err = super::settings_text("p150x3").unwrap_err();
+        assert!(format!("{err:#}").contains("p150x2, p150x4"), "{err:#}");
+    }
+
     #[test]
     fn the_serve_profiles_set_only_variables_serve_reads() {
         let known = super::serve_env_names();

@@ -3,7 +3,7 @@
 //! `max_length` budget, or the server's state-piece / tail limits.
 
 use super::json::dumps;
-use crate::api::{ApiError, Question, QuestionType, SystemOneRequest};
+use crate::request::{Question, QuestionType, RequestError, SystemOneRequest};
 use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
@@ -57,7 +57,7 @@ pub struct EncodedRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum EncodeError {
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Request(#[from] RequestError),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 }
@@ -169,7 +169,7 @@ pub fn encode(
         schema.extend(tok.ids(&render(&instructions))?);
         let span = (start, schema.len());
         if span.0 == span.1 {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &["questions", &q.id, "instructions"],
                 format!(
                     "{:?}: the instruction text is empty (an empty question id needs instructions)",
@@ -207,7 +207,7 @@ pub fn encode(
         LengthRule::Reference { max_length } => {
             let fixed = head_len + tail_len;
             if fixed > max_length {
-                return Err(ApiError::value_error(
+                return Err(RequestError::value_error(
                     &[],
                     format!("schema requires {fixed} tokens before state; maximum is {max_length}"),
                 )
@@ -221,7 +221,7 @@ pub fn encode(
             truncate,
         } => {
             if tail_len > max_tail {
-                return Err(ApiError::invalid(
+                return Err(RequestError::invalid(
                     &["questions"],
                     format!("the schema and suffix take {tail_len} tokens; at most {max_tail} are allowed"),
                     "max_tokens_exceeded",
@@ -229,7 +229,7 @@ pub fn encode(
                 .into());
             }
             if head_len > max_state {
-                return Err(ApiError::invalid(
+                return Err(RequestError::invalid(
                     &["images"],
                     format!("the prompt prefix and media take {head_len} tokens; the state piece allows {max_state}"),
                     "max_tokens_exceeded",
@@ -238,7 +238,7 @@ pub fn encode(
             }
             let piece = head_len + state.len();
             if piece > max_state && !truncate {
-                return Err(ApiError::invalid(
+                return Err(RequestError::invalid(
                     &["state"],
                     format!(
                         "the state piece takes {piece} tokens ({} of them the state); at most {max_state} are allowed \

@@ -8,14 +8,14 @@
 pub mod prefix_cache;
 pub mod worker;
 
-use crate::api::contract::{DecisionBody, Usage};
-use crate::api::{parse_body, validate, ApiError, HostLimits, SystemOneRequest};
 use crate::backbone::{Backbone, LoadError, PrefillState, WeightFormats};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadMemory, HeadQuestion, JointHead};
 use crate::media::{load_tower, media_tokens, positions, prepare, MediaLimits, PreparedMedia};
+use crate::request::{parse_body, validate, HostLimits, RequestError, SystemOneRequest};
+use crate::request::{DecisionBody, Usage};
 use clef_device::{HostTensor, MeshOps, WeightFormat};
 use clef_vision::{MediaTokens, VisionTower};
 use prefix_cache::{
@@ -25,6 +25,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+
+/// The error `kind` of a request stopped between prefill chunks because its client left.
+pub const CANCELLED: &str = "cancelled";
 
 /// Tokens per prefill pass: a running request can be cancelled between passes. (The
 /// Tenstorrent port caps its prefill chunks at 1024 tokens too.)
@@ -230,14 +233,18 @@ impl<B: MeshOps> Pipeline<B> {
         body: &[u8],
         rule: LengthRule,
         limits: Option<&HostLimits>,
-    ) -> Result<Decision, ApiError> {
+    ) -> Result<Decision, RequestError> {
         let value = parse_body(body)?;
         let req = validate(&value, limits)?;
         self.decide(&req, rule)
     }
 
     /// Encode a validated request under `rule` and answer it.
-    pub fn decide(&self, req: &SystemOneRequest, rule: LengthRule) -> Result<Decision, ApiError> {
+    pub fn decide(
+        &self,
+        req: &SystemOneRequest,
+        rule: LengthRule,
+    ) -> Result<Decision, RequestError> {
         self.decide_cancellable(req, rule, &|| false)
     }
 
@@ -247,7 +254,7 @@ impl<B: MeshOps> Pipeline<B> {
         req: &SystemOneRequest,
         rule: LengthRule,
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<Decision, ApiError> {
+    ) -> Result<Decision, RequestError> {
         let rule = match rule {
             LengthRule::Server {
                 max_state,
@@ -268,8 +275,8 @@ impl<B: MeshOps> Pipeline<B> {
         };
         let media_ids = media.as_ref().map_or(&[][..], |m| &m.block.ids[..]);
         let record = encode(&self.tokenizer, req, media_ids, rule).map_err(|e| match e {
-            EncodeError::Api(a) => a,
-            EncodeError::Tokenizer(m) => ApiError::internal(format!("tokenizer: {m}")),
+            EncodeError::Request(a) => a,
+            EncodeError::Tokenizer(m) => RequestError::internal(format!("tokenizer: {m}")),
         })?;
         let vision = match &media {
             Some(m) => Some(self.vision_input(&record, m)?),
@@ -302,7 +309,7 @@ impl<B: MeshOps> Pipeline<B> {
             latency_ms: None,
         };
         let response = serde_json::to_value(&body)
-            .map_err(|e| ApiError::internal(format!("serialising the answer: {e}")))?;
+            .map_err(|e| RequestError::internal(format!("serialising the answer: {e}")))?;
         Ok(Decision {
             response,
             record,
@@ -314,9 +321,9 @@ impl<B: MeshOps> Pipeline<B> {
     }
 
     /// Decode, check, resize and patch the request's media (422s name the index).
-    fn prepare_media(&self, req: &SystemOneRequest) -> Result<PreparedMedia, ApiError> {
+    fn prepare_media(&self, req: &SystemOneRequest) -> Result<PreparedMedia, RequestError> {
         let Some((_, tokens)) = &self.vision else {
-            return Err(ApiError::invalid(
+            return Err(RequestError::invalid(
                 &["images"],
                 "this model has no vision tower: images and videos are not supported",
                 "value_error",
@@ -337,11 +344,11 @@ impl<B: MeshOps> Pipeline<B> {
         &self,
         record: &EncodedRecord,
         media: &PreparedMedia,
-    ) -> Result<VisionInput, ApiError> {
+    ) -> Result<VisionInput, RequestError> {
         let (tower, tokens) = self
             .vision
             .as_ref()
-            .ok_or_else(|| ApiError::internal("media without a vision tower"))?;
+            .ok_or_else(|| RequestError::internal("media without a vision tower"))?;
         let positions = positions(&record.input_ids, tokens, media)?;
         let mesh = self.backbone.mesh();
         let mut rows = Vec::new();
@@ -352,7 +359,7 @@ impl<B: MeshOps> Pipeline<B> {
             if !grids.is_empty() {
                 let embedded = tower
                     .embed(mesh, pixels, grids)
-                    .map_err(|e| ApiError::internal(format!("vision tower: {e}")))?;
+                    .map_err(|e| RequestError::internal(format!("vision tower: {e}")))?;
                 rows.extend(embedded);
             }
         }
@@ -368,7 +375,7 @@ impl<B: MeshOps> Pipeline<B> {
             .chain(pads_of(tokens.video_pad))
             .collect();
         if rows.len() != pads.len() * self.hidden {
-            return Err(ApiError::internal(format!(
+            return Err(RequestError::internal(format!(
                 "the vision tower gave {} rows of {} for {} pads",
                 rows.len() / self.hidden.max(1),
                 self.hidden,
@@ -397,7 +404,7 @@ impl<B: MeshOps> Pipeline<B> {
         record: &EncodedRecord,
         vision: Option<&VisionInput>,
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<ModelRows, ApiError> {
+    ) -> Result<ModelRows, RequestError> {
         let ids = &record.input_ids;
         let config = self.lock_cache().config();
         let cut = match config.slots {
@@ -465,8 +472,9 @@ impl<B: MeshOps> Pipeline<B> {
         range: std::ops::Range<usize>,
         start: Option<&PrefillState<B::Tensor>>,
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<(Vec<f32>, PrefillState<B::Tensor>), ApiError> {
-        let fail = |e: crate::backbone::PrefillError| ApiError::internal(format!("prefill: {e}"));
+    ) -> Result<(Vec<f32>, PrefillState<B::Tensor>), RequestError> {
+        let fail =
+            |e: crate::backbone::PrefillError| RequestError::internal(format!("prefill: {e}"));
         let h = self.hidden;
         let mut state: Option<PrefillState<B::Tensor>> = None;
         let mut rows: Vec<f32> = Vec::with_capacity(range.len() * h);
@@ -474,11 +482,11 @@ impl<B: MeshOps> Pipeline<B> {
         while from < range.end {
             let to = (from + PREFILL_CHUNK).min(range.end);
             if cancelled() {
-                return Err(ApiError {
+                return Err(RequestError {
                     status: 499,
                     loc: vec![],
                     msg: "the client closed the request".into(),
-                    kind: "cancelled".into(),
+                    kind: CANCELLED.into(),
                 });
             }
             let mut embedded: HostTensor = self.backbone.embed(&ids[from..to]).map_err(fail)?;
@@ -505,7 +513,7 @@ impl<B: MeshOps> Pipeline<B> {
             state = Some(next);
             from = to;
         }
-        let state = state.ok_or_else(|| ApiError::internal("prefill of an empty prompt"))?;
+        let state = state.ok_or_else(|| RequestError::internal("prefill of an empty prompt"))?;
         Ok((rows, state))
     }
 
@@ -517,7 +525,7 @@ impl<B: MeshOps> Pipeline<B> {
         hidden: &[f32],
         first_row: usize,
         memory: &HeadMemory,
-    ) -> Result<Vec<Vec<f32>>, ApiError> {
+    ) -> Result<Vec<Vec<f32>>, RequestError> {
         let h = self.hidden;
         let spans_start = record
             .questions
@@ -527,7 +535,7 @@ impl<B: MeshOps> Pipeline<B> {
             .min()
             .unwrap_or(first_row);
         if spans_start < first_row || hidden.len() / h + first_row != record.input_ids.len() {
-            return Err(ApiError::internal(format!(
+            return Err(RequestError::internal(format!(
                 "the head needs rows from {spans_start}; rows from {first_row} were kept"
             )));
         }
@@ -543,7 +551,7 @@ impl<B: MeshOps> Pipeline<B> {
                 let values = self
                     .lm_head
                     .rows_f32(&ids)
-                    .map_err(|e| ApiError::internal(format!("LM head: {e}")))?;
+                    .map_err(|e| RequestError::internal(format!("LM head: {e}")))?;
                 for row in values.chunks_exact(h) {
                     mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
                 }

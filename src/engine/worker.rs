@@ -6,10 +6,10 @@
 //! blocking model work never runs on the async runtime's threads.
 
 use super::prefix_cache::PrefixCacheStats;
-use super::{Decision, Pipeline};
-use crate::api::{ApiError, SystemOneRequest};
+use super::{Decision, Pipeline, CANCELLED};
 use crate::encode::LengthRule;
-use clef_device::MeshOps;
+use crate::request::{RequestError, SystemOneRequest};
+use clef_device::{MeshOps, RuntimeCalls};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,9 +18,11 @@ use tokio::sync::{mpsc, oneshot};
 
 /// One request waiting for a worker.
 pub struct Job {
+    /// The request's id, for the worker's log lines.
+    pub id: String,
     pub request: SystemOneRequest,
     pub rule: LengthRule,
-    pub reply: oneshot::Sender<Result<Decision, ApiError>>,
+    pub reply: oneshot::Sender<Result<Decision, RequestError>>,
 }
 
 /// Counters the server reports.
@@ -190,6 +192,7 @@ fn worker_loop<B: MeshOps>(
         stats.queued.fetch_sub(1, Ordering::SeqCst);
         if job.reply.is_closed() {
             stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(id = %job.id, worker = index, "abandoned: the client left before its turn");
             continue;
         }
         stats.running.fetch_add(1, Ordering::SeqCst);
@@ -198,12 +201,24 @@ fn worker_loop<B: MeshOps>(
             pipeline.decide_cancellable(&job.request, job.rule, &|| reply.is_closed())
         }));
         stats.running.fetch_sub(1, Ordering::SeqCst);
+        log_runtime_calls(
+            &job.id,
+            index,
+            &pipeline.backbone.mesh().take_runtime_calls(),
+        );
         match outcome {
             Ok(result) => {
-                if let Ok(d) = &result {
-                    stats
-                        .tokens
-                        .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
+                match &result {
+                    Ok(d) => {
+                        stats
+                            .tokens
+                            .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) if e.kind == CANCELLED => {
+                        stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(id = %job.id, worker = index, "cancelled: the client left while it ran");
+                    }
+                    Err(_) => {}
                 }
                 // A client that left while we ran is fine: the answer is dropped.
                 let _ = job.reply.send(result);
@@ -215,12 +230,35 @@ fn worker_loop<B: MeshOps>(
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(worker = index, "request panicked: {msg}");
-                let _ = job.reply.send(Err(ApiError::internal(format!(
+                tracing::error!(id = %job.id, worker = index, "request panicked: {msg}");
+                let _ = job.reply.send(Err(RequestError::internal(format!(
                     "the worker failed on this request: {msg}"
                 ))));
                 return WorkerEnd::Failed;
             }
         }
     }
+}
+
+/// One line per request of the device runtime's calls (ttnn ops under the Tenstorrent shim):
+/// their number, host time and the ops that took most of it.
+fn log_runtime_calls(id: &impl std::fmt::Display, worker: usize, calls: &[RuntimeCalls]) {
+    if calls.is_empty() {
+        return;
+    }
+    let total: u64 = calls.iter().map(|c| c.calls).sum();
+    let ms: f64 = calls.iter().map(|c| c.seconds).sum::<f64>() * 1e3;
+    let top: Vec<String> = calls
+        .iter()
+        .take(6)
+        .map(|c| format!("{}:{}/{:.1}ms", c.op, c.calls, c.seconds * 1e3))
+        .collect();
+    tracing::info!(
+        id = %id,
+        worker,
+        runtime_calls = total,
+        runtime_ms = format!("{ms:.1}"),
+        top = %top.join(" "),
+        "device runtime calls"
+    );
 }

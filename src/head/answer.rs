@@ -1,11 +1,11 @@
 //! From logits to the reference's answers (spec/clef-reference.md §3.3): an f32 softmax per
 //! question, then the response shapes ([`Answer`]) with Python's `round(x, 4)`.
 
-use crate::api::contract::{Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer};
-use crate::api::{Question, QuestionType};
 use crate::encode::json::round4;
 use crate::encode::record::score_levels;
 use crate::encode::EncodedQuestion;
+use crate::request::{Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer};
+use crate::request::{Question, QuestionType};
 use serde_json::Value;
 
 /// Softmax over f32 logits, in f32 (the reference casts the logits to float32 first).

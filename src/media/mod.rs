@@ -8,9 +8,9 @@
 
 pub mod remote;
 
-use crate::api::ApiError;
 use crate::backbone::{CheckpointSource, LoadError};
 use crate::checkpoint::{Checkpoint, CheckpointError, VISION_PREFIX};
+use crate::request::RequestError;
 use clef_device::{MeshOps, WeightFormat};
 use clef_vision::preprocess::{MERGE, TEMPORAL};
 use clef_vision::tower::{LoadError as TowerLoadError, VisionShape, VisionTower};
@@ -65,10 +65,10 @@ pub struct PreparedMedia {
     pub pixel_values_videos: Vec<f32>,
 }
 
-fn at(path: &[Value], msg: impl Into<String>) -> ApiError {
+fn at(path: &[Value], msg: impl Into<String>) -> RequestError {
     let mut loc = vec![Value::from("body")];
     loc.extend(path.iter().cloned());
-    ApiError {
+    RequestError {
         status: 422,
         loc,
         msg: msg.into(),
@@ -77,15 +77,15 @@ fn at(path: &[Value], msg: impl Into<String>) -> ApiError {
 }
 
 /// The media tokens of `tokenizer` (Qwen3.5's vision specials and `"\n"`).
-pub fn media_tokens(tokenizer: &Tokenizer) -> Result<MediaTokens, ApiError> {
+pub fn media_tokens(tokenizer: &Tokenizer) -> Result<MediaTokens, RequestError> {
     let id = |t: &str| {
         tokenizer
             .token_to_id(t)
-            .ok_or_else(|| ApiError::internal(format!("the tokenizer has no {t} token")))
+            .ok_or_else(|| RequestError::internal(format!("the tokenizer has no {t} token")))
     };
     let newline = tokenizer
         .encode("\n", false)
-        .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))?
+        .map_err(|e| RequestError::internal(format!("tokenizer: {e}")))?
         .get_ids()
         .to_vec();
     Ok(MediaTokens {
@@ -103,7 +103,7 @@ fn decode_one(
     path: &[Value],
     limits: &MediaLimits,
     total: &mut usize,
-) -> Result<RgbImage, ApiError> {
+) -> Result<RgbImage, RequestError> {
     let bytes = if s.starts_with("http://") || s.starts_with("https://") {
         remote::fetch(s, &limits.remote, limits.max_image_bytes)
             .map_err(|e| at(path, e.to_string()))?
@@ -140,7 +140,7 @@ pub fn prepare(
     images: &[String],
     videos: &[Vec<String>],
     limits: &MediaLimits,
-) -> Result<PreparedMedia, ApiError> {
+) -> Result<PreparedMedia, RequestError> {
     for (field, count, max) in [
         ("images", images.len(), limits.max_images),
         ("videos", videos.len(), limits.max_videos),
@@ -212,7 +212,7 @@ pub fn prepare(
                 tokenizer
                     .encode(t.as_str(), false)
                     .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
+                    .map_err(|e| RequestError::internal(format!("tokenizer: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         video_grids.push(grid);
@@ -237,7 +237,7 @@ pub fn positions(
     ids: &[u32],
     tokens: &MediaTokens,
     media: &PreparedMedia,
-) -> Result<[Vec<u32>; 3], ApiError> {
+) -> Result<[Vec<u32>; 3], RequestError> {
     let types: Vec<u8> = ids
         .iter()
         .map(|&id| match id {

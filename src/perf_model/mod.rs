@@ -9,6 +9,7 @@
 //! beside it.
 
 mod ops;
+pub mod placement;
 pub mod report;
 mod vision;
 
@@ -160,29 +161,37 @@ pub fn text_matrices(
 
 /// Values of the plan's vectors (norms, gates, conv taps) on one device (held in f32).
 pub fn text_vector_values(cfg: &TextConfig, plan: &TpPlan) -> usize {
+    text_vectors(cfg, plan).iter().sum()
+}
+
+/// The values of every vector of the plan on one device, one entry per vector.
+pub fn text_vectors(cfg: &TextConfig, plan: &TpPlan) -> Vec<usize> {
     use crate::backbone::plan::MixerPlan;
     let n = plan.devices;
     let vector = |w: &WeightPlan, per_row: usize| device_rows(w, n) * per_row;
-    let mut total = vector(&plan.final_norm, 1);
+    let mut out = vec![vector(&plan.final_norm, 1)];
     for layer in &plan.layers {
-        total += vector(&layer.input_norm, 1) + vector(&layer.post_norm, 1);
-        total += match &layer.mixer {
-            MixerPlan::Attention { q_norm, k_norm, .. } => vector(q_norm, 1) + vector(k_norm, 1),
+        out.push(vector(&layer.input_norm, 1));
+        out.push(vector(&layer.post_norm, 1));
+        match &layer.mixer {
+            MixerPlan::Attention { q_norm, k_norm, .. } => {
+                out.extend([vector(q_norm, 1), vector(k_norm, 1)]);
+            }
             MixerPlan::DeltaNet {
                 conv,
                 a_log,
                 dt_bias,
                 norm,
                 ..
-            } => {
-                vector(conv, cfg.linear_conv_kernel_dim)
-                    + vector(a_log, 1)
-                    + vector(dt_bias, 1)
-                    + vector(norm, 1)
-            }
-        };
+            } => out.extend([
+                vector(conv, cfg.linear_conv_kernel_dim),
+                vector(a_log, 1),
+                vector(dt_bias, 1),
+                vector(norm, 1),
+            ]),
+        }
     }
-    total
+    out
 }
 
 /// Bytes one device holds per weight class, in the order the classes first appear.

@@ -1,9 +1,9 @@
-//! `POST /v1/systemone` bodies: parsing that keeps what the reference sees (object key order,
-//! int/float distinction, exact big integers, duplicate keys as last value at first position),
-//! and validation in the reference's order with its messages, plus clear errors where the
-//! reference would crash.
+//! Decision bodies (`POST /v1/systemone`, and the hosted route's before its own rules): parsing
+//! that keeps what the reference sees (object key order, int/float distinction, exact big
+//! integers, duplicate keys as last value at first position), and validation in the reference's
+//! order with its messages, plus clear errors where the reference would crash.
 
-use super::ApiError;
+use super::RequestError;
 use serde_json::Value;
 
 /// The three question types, with the head's type-embedding index.
@@ -52,8 +52,8 @@ pub struct SystemOneRequest {
     pub videos: Vec<Vec<String>>,
 }
 
-fn media_error(loc: &[&str], msg: &str) -> ApiError {
-    let mut e = ApiError::invalid(loc, msg, "value_error");
+fn media_error(loc: &[&str], msg: &str) -> RequestError {
+    let mut e = RequestError::invalid(loc, msg, "value_error");
     // Indices are numbers in FastAPI's paths.
     for part in e.loc.iter_mut().skip(2) {
         if let Some(n) = part.as_str().and_then(|s| s.parse::<u64>().ok()) {
@@ -68,7 +68,7 @@ pub const IMAGE_CONTENT_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/we
 
 /// One image or video frame: a base64 string or `data:` URL as given, or the hosted form
 /// `{"content_type": "image/png", "base64": "..."}`, which is read as the data URL it spells.
-fn media_string(value: &Value, loc: &[&str], what: &str) -> Result<String, ApiError> {
+fn media_string(value: &Value, loc: &[&str], what: &str) -> Result<String, RequestError> {
     match value {
         Value::String(s) => Ok(s.clone()),
         Value::Object(o) => {
@@ -101,7 +101,7 @@ fn media_string(value: &Value, loc: &[&str], what: &str) -> Result<String, ApiEr
 }
 
 /// `images` (absent or null: none): a list of images.
-fn media_strings(value: Option<&Value>, field: &str) -> Result<Vec<String>, ApiError> {
+fn media_strings(value: Option<&Value>, field: &str) -> Result<Vec<String>, RequestError> {
     match value {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(list)) => list
@@ -142,12 +142,12 @@ impl Default for HostLimits {
 }
 
 /// Parse a body as Python's `json.loads` would see it.
-pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+pub fn parse_body(bytes: &[u8]) -> Result<Value, RequestError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        ApiError::invalid(&[], format!("the body is not UTF-8: {e}"), "json_invalid")
+        RequestError::invalid(&[], format!("the body is not UTF-8: {e}"), "json_invalid")
     })?;
     serde_json::from_str(text).map_err(|e| {
-        ApiError::invalid(
+        RequestError::invalid(
             &[],
             format!("the body is not valid JSON: {e}"),
             "json_invalid",
@@ -171,22 +171,25 @@ pub fn truthy(v: &Value) -> bool {
 }
 
 /// Validate a parsed body: the reference's checks in its order, then shapes it would crash on.
-pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRequest, ApiError> {
+pub fn validate(
+    body: &Value,
+    limits: Option<&HostLimits>,
+) -> Result<SystemOneRequest, RequestError> {
     const REQUIRED: &str = "model and state are required";
     let Value::Object(obj) = body else {
-        return Err(ApiError::value_error(&[], REQUIRED));
+        return Err(RequestError::value_error(&[], REQUIRED));
     };
     let model = match obj.get("model") {
         Some(Value::String(s)) => s.clone(),
-        _ => return Err(ApiError::value_error(&["model"], REQUIRED)),
+        _ => return Err(RequestError::value_error(&["model"], REQUIRED)),
     };
     let Some(state) = obj.get("state") else {
-        return Err(ApiError::value_error(&["state"], REQUIRED));
+        return Err(RequestError::value_error(&["state"], REQUIRED));
     };
     let questions = match obj.get("questions") {
         Some(Value::Object(q)) if !q.is_empty() => q,
         _ => {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &["questions"],
                 "at least one question is required",
             ))
@@ -200,7 +203,7 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(_) => {
-            return Err(ApiError::invalid(
+            return Err(RequestError::invalid(
                 &["truncate"],
                 "truncate must be a boolean",
                 "bool_type",
@@ -248,10 +251,10 @@ pub fn validate(body: &Value, limits: Option<&HostLimits>) -> Result<SystemOneRe
     Ok(request)
 }
 
-fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
+fn validate_question(id: &str, q: &Value) -> Result<Question, RequestError> {
     let loc = ["questions", id];
     let Value::Object(q) = q else {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &loc,
             format!("{id}: question must be an object"),
         ));
@@ -261,7 +264,7 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
         Some(Value::String(s)) if s == "choice" => QuestionType::Choice,
         Some(Value::String(s)) if s == "score" => QuestionType::Score,
         _ => {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &["questions", id, "type"],
                 format!("{id}: type must be noul, choice, or score"),
             ))
@@ -270,7 +273,7 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
     let criteria = q.get("criteria").cloned();
     let cloc = ["questions", id, "criteria"];
     if kind != QuestionType::Noul && !criteria.as_ref().map(truthy).unwrap_or(false) {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &cloc,
             format!("{id}: criteria must not be empty"),
         ));
@@ -278,19 +281,19 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
     // Shapes the reference does not reject but crashes on.
     match (kind, &criteria) {
         (QuestionType::Choice, Some(c)) if !c.is_object() => {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &cloc,
                 format!("{id}: choice criteria must be an object of option id to description"),
             ))
         }
         (QuestionType::Noul, Some(c)) if truthy(c) && !c.is_object() => {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &cloc,
                 format!("{id}: noul criteria must be an object with \"true\" and/or \"false\""),
             ))
         }
         (QuestionType::Score, Some(c)) if !(c.is_array() || c.is_object() || c.is_string()) => {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &cloc,
                 format!("{id}: score criteria must be a list of levels"),
             ))
@@ -305,9 +308,9 @@ fn validate_question(id: &str, q: &Value) -> Result<Question, ApiError> {
     })
 }
 
-fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
+fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), RequestError> {
     if r.questions.len() > l.max_questions {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &["questions"],
             format!(
                 "{} questions; at most {} are allowed",
@@ -319,7 +322,7 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
     for q in &r.questions {
         let chars = q.id.chars().count();
         if chars > l.max_id_chars {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &["questions"],
                 format!(
                     "a question id of {chars} characters; at most {} are allowed",
@@ -337,7 +340,7 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
             QuestionType::Noul => continue,
         };
         if n > max {
-            return Err(ApiError::value_error(
+            return Err(RequestError::value_error(
                 &["questions", &q.id, "criteria"],
                 format!("{}: {n} {what}; at most {max} are allowed", q.id),
             ));
@@ -346,14 +349,14 @@ fn check_limits(r: &SystemOneRequest, l: &HostLimits) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_strict(q: &Question, options: usize) -> Result<(), ApiError> {
+fn check_strict(q: &Question, options: usize) -> Result<(), RequestError> {
     let id_ok = !q.id.is_empty()
         && q.id.len() <= 100
         && q.id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if !id_ok {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &["questions", &q.id],
             format!(
                 "{:?}: question ids must match [A-Za-z0-9_.-]{{1,100}}",
@@ -363,13 +366,13 @@ fn check_strict(q: &Question, options: usize) -> Result<(), ApiError> {
     }
     let has_instructions = q.instructions.as_ref().is_some_and(truthy);
     if !has_instructions {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &["questions", &q.id, "instructions"],
             format!("{}: instructions are required", q.id),
         ));
     }
     if q.kind != QuestionType::Noul && options < 2 {
-        return Err(ApiError::value_error(
+        return Err(RequestError::value_error(
             &["questions", &q.id, "criteria"],
             format!("{}: at least 2 options are required", q.id),
         ));

@@ -1,28 +1,28 @@
-//! Client-facing errors: an HTTP status and a FastAPI-style body
-//! `{"detail": [{"loc", "msg", "type"}], "error": {"message", "type"}}` (the message in both
-//! places so every client's extractor finds it).
+//! Why a request is refused: an HTTP status, the path of the field at fault and a message, with
+//! FastAPI's error `type` (`value_error`, `json_invalid`, `max_tokens_exceeded`, ...). The model
+//! code raises these; `api` turns them into the wire body (`detail` + `error`) or the hosted
+//! envelope.
 
-use super::contract::{ErrorBody, ErrorDetail, ErrorSummary};
 use serde_json::Value;
 
-/// One error answer.
+/// One refusal.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{status} {kind}: {msg}")]
-pub struct ApiError {
+pub struct RequestError {
     pub status: u16,
-    /// Path of the offending field, starting with `"body"`.
+    /// Path of the offending field, starting with `"body"` (empty when no field is at fault).
     pub loc: Vec<Value>,
     pub msg: String,
     /// FastAPI error type: `value_error`, `json_invalid`, `max_tokens_exceeded`, ...
     pub kind: String,
 }
 
-impl ApiError {
+impl RequestError {
     /// A 422 at `loc` (below `body`).
     pub fn invalid(loc: &[&str], msg: impl Into<String>, kind: &str) -> Self {
         let mut path = vec![Value::from("body")];
         path.extend(loc.iter().map(|s| Value::from(*s)));
-        ApiError {
+        RequestError {
             status: 422,
             loc: path,
             msg: msg.into(),
@@ -37,7 +37,7 @@ impl ApiError {
 
     /// An error of the whole request (no field at fault).
     pub fn status(status: u16, msg: impl Into<String>, kind: &str) -> Self {
-        ApiError {
+        RequestError {
             status,
             loc: vec![],
             msg: msg.into(),
@@ -47,27 +47,11 @@ impl ApiError {
 
     /// A 500 for a failure on our side.
     pub fn internal(msg: impl Into<String>) -> Self {
-        ApiError {
+        RequestError {
             status: 500,
             loc: vec![],
             msg: msg.into(),
             kind: "internal_error".into(),
         }
-    }
-
-    /// The body ([`ErrorBody`]) as JSON.
-    pub fn body(&self) -> Value {
-        let body = ErrorBody {
-            detail: vec![ErrorDetail {
-                loc: self.loc.clone(),
-                msg: self.msg.clone(),
-                kind: self.kind.clone(),
-            }],
-            error: ErrorSummary {
-                message: self.msg.clone(),
-                kind: self.kind.clone(),
-            },
-        };
-        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 }

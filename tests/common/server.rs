@@ -4,13 +4,13 @@ use super::fixtures;
 use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
 use clef_tt::api::server::{router, AppState, ServerSettings};
-use clef_tt::api::HostLimits;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::worker::Engine;
 use clef_tt::engine::Pipeline;
 use clef_tt::media::MediaLimits;
+use clef_tt::request::HostLimits;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -110,6 +110,21 @@ pub fn runtime_calls(json: &str) -> Vec<crate::RuntimeCalls> {
     out
 }
 
+/// A tensor [`TtMesh::allocate`] places, per device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Allocation {
+    /// A weight `[inputs, outputs]` in `format`'s tiles.
+    Matrix {
+        inputs: usize,
+        outputs: usize,
+        format: WeightFormat,
+    },
+    /// f32 values read elementwise (norm weights, gates, conv taps).
+    Vector { values: usize },
+    /// Rows of activations in the mesh's activation dtype, or f32 (partial sums, states).
+    Activation { rows: usize, cols: usize, f32: bool },
+}
+
 impl TtMesh {
     /// Open a mesh through `shim`; matmuls compute with `numerics`.
     pub fn open(shim: &Arc<Shim>, placement: MeshPlacement, numerics: Numerics) -> Result<Self> {
@@ -222,6 +237,60 @@ impl TtMesh {
         shim.json_text(|out, capacity, len| unsafe {
             shim.lib
                 .clef_tt_mesh_take_op_stats(self.raw(), out, capacity, len)
+        })
+    }
+
+    /// Device memory for one tensor on every device, its values unset (no host data moves):
+    /// what a placement plan checks against the device's allocator.
+    pub fn allocate(&self, what: Allocation) -> Result<TtTensor> {
+        let spread = if self.devices() > 1 {
+            sys::CLEF_TT_SHARDED
+        } else {
+            sys::CLEF_TT_REPLICATED
+        };
+        let (rows, cols, dtype, layout, role, placement) = match what {
+            Allocation::Matrix {
+                inputs,
+                outputs,
+                format,
+            } => (
+                inputs,
+                outputs,
+                dtype(format),
+                sys::CLEF_TT_TILE,
+                sys::CLEF_TT_MATRIX,
+                spread,
+            ),
+            Allocation::Vector { values } => (
+                values,
+                1,
+                sys::CLEF_TT_F32,
+                sys::CLEF_TT_ROW_MAJOR,
+                sys::CLEF_TT_VECTOR,
+                spread,
+            ),
+            Allocation::Activation { rows, cols, f32 } => (
+                rows,
+                cols,
+                sys::CLEF_TT_F32,
+                sys::CLEF_TT_ROW_MAJOR,
+                sys::CLEF_TT_ACTIVATION,
+                if f32 { sys::CLEF_TT_PARTIAL } else { spread },
+            ),
+        };
+        let desc = sys::clef_tt_tensor_desc {
+            rows: dim("allocate", "rows", rows)?,
+            cols: dim("allocate", "cols", cols)?,
+            dtype,
+            layout,
+            role,
+            placement,
+        };
+        // SAFETY: an open mesh; `desc` outlives the call.
+        self.call1(|out| unsafe {
+            self.shim()
+                .lib
+                .clef_tt_tensor_allocate(self.raw(), &desc, out)
         })
     }
 

@@ -151,7 +151,13 @@ int clef_tt_mesh_open(const clef_tt_mesh_config* config, clef_tt_mesh** out) {
     mesh->config = *config;
     mesh->devices = config->cols;
     if (config->parent_cols == 0) {
-      mesh->device = backend().open(*config);
+      Registry::get().claim_direct(*config);
+      try {
+        mesh->device = backend().open(*config);
+      } catch (...) {
+        Registry::get().release_direct();
+        throw;
+      }
     } else {
       std::shared_ptr<ParentMesh> parent = Registry::get().claim_submesh(*config);
       try {
@@ -181,7 +187,11 @@ int clef_tt_mesh_close(clef_tt_mesh* mesh) {
     Registry::get().remove_mesh(mesh);
     clef_tt_mesh_config config = mesh->config;
     delete mesh;  // closes the backend mesh (and a parent whose last submesh this was)
-    if (config.parent_cols != 0) Registry::get().release_submesh(config);
+    if (config.parent_cols != 0) {
+      Registry::get().release_submesh(config);
+    } else {
+      Registry::get().release_direct();
+    }
   });
 }
 
@@ -262,6 +272,19 @@ int clef_tt_tensor_upload(clef_tt_mesh* mesh, const clef_tt_tensor_desc* desc,
       per_device.push_back(HostBytes{static_cast<const uint8_t*>(p.data), p.bytes});
     }
     call.result(meta, call.device().upload(meta, per_device));
+    call.publish({out});
+  });
+}
+
+int clef_tt_tensor_allocate(clef_tt_mesh* mesh, const clef_tt_tensor_desc* desc,
+                            clef_tt_tensor** out) {
+  return guarded("allocate", [&] {
+    Call call(mesh, "allocate");
+    call.output(out, "out");
+    if (desc == nullptr) invalid("argument desc is null");
+    uint32_t parts = desc->placement == CLEF_TT_REPLICATED ? 1 : call.devices();
+    Meta meta = upload_meta(*desc, call.devices(), parts);
+    call.result(meta, call.device().allocate(meta));
     call.publish({out});
   });
 }

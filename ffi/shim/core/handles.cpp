@@ -67,6 +67,10 @@ std::shared_ptr<ParentMesh> Registry::claim_submesh(const clef_tt_mesh_config& c
     }
   }
   if (!parent) {
+    if (backend().exclusive_devices() && direct_meshes_ != 0) {
+      invalid("a 1x" + std::to_string(config.parent_cols) + " parent cannot be opened while a " +
+              "mesh is open on its devices (each device belongs to one mesh in a process)");
+    }
     parent = backend().open_parent(config);
     parent_ = parent;
     parent_cols_ = config.parent_cols;
@@ -82,6 +86,21 @@ void Registry::release_submesh(const clef_tt_mesh_config& config) {
   for (uint32_t c = config.submesh_offset; c < config.submesh_offset + config.cols; ++c) {
     taken_offsets_.erase(c);
   }
+}
+
+void Registry::claim_direct(const clef_tt_mesh_config& config) {
+  std::lock_guard<std::mutex> g(lock_);
+  if (backend().exclusive_devices() && (direct_meshes_ != 0 || !parent_.expired())) {
+    invalid("the devices of a 1x" + std::to_string(config.cols) +
+            " mesh are open already in this process (each device belongs to one mesh: close "
+            "the other first)");
+  }
+  direct_meshes_ += 1;
+}
+
+void Registry::release_direct() {
+  std::lock_guard<std::mutex> g(lock_);
+  direct_meshes_ -= 1;
 }
 
 }  // namespace clef_tt

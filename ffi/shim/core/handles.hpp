@@ -55,6 +55,10 @@ class Registry {
   // open. Marks the submesh's columns as taken (refuses taken ones).
   std::shared_ptr<ParentMesh> claim_submesh(const clef_tt_mesh_config& config);
   void release_submesh(const clef_tt_mesh_config& config);
+  // A mesh opened directly on devices 0..cols; on a backend with exclusive devices it is
+  // refused while another direct mesh or a parent is open (the runtime would abort).
+  void claim_direct(const clef_tt_mesh_config& config);
+  void release_direct();
 
  private:
   std::mutex lock_;
@@ -63,6 +67,7 @@ class Registry {
   uint32_t parent_cols_ = 0;
   std::weak_ptr<ParentMesh> parent_;
   std::set<uint32_t> taken_offsets_;
+  uint32_t direct_meshes_ = 0;
 };
 
 }  // namespace clef_tt

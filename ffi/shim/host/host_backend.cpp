@@ -120,6 +120,13 @@ class HostMesh : public DeviceMesh {
            "], \"activation_dtype\": \"f32\"}";
   }
 
+  StoragePtr allocate(const Meta& meta) override {
+    // Simulated devices: zeros in the stored layout, as an upload of zeros would hold them.
+    std::vector<uint8_t> zeros(stored_bytes(meta), 0);
+    std::vector<HostBytes> parts(meta.devices, HostBytes{zeros.data(), zeros.size()});
+    return upload(meta, parts);
+  }
+
   StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) override {
     faults_.count("upload");
     std::vector<std::vector<uint8_t>> stored;

@@ -169,6 +169,11 @@ void ensure_started() {
 
 py::object& python_backend() { return *state().backend; }
 
+std::recursive_mutex& runtime_lock() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 void python_error(const char* what, py::error_already_set& e) {
   // The core names the ABI op already; `what` is said only where it adds (a result check).
   std::string op = what;

@@ -10,6 +10,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <mutex>
 #include <string>
 
 #include "core/errors.hpp"
@@ -31,10 +32,17 @@ py::object& python_backend();
 // condition). The GIL must be held.
 [[noreturn]] void python_error(const char* what, py::error_already_set& e);
 
-// Runs `body` with the GIL held, turning Python exceptions into the shim's errors.
+// One call into the ttnn runtime at a time in the whole process: ttnn releases the GIL inside
+// its C++ calls and its host runtime is not thread-safe across meshes (two opens at once
+// aborted the process). Taken before the GIL, by every call and every release of an object.
+std::recursive_mutex& runtime_lock();
+
+// Runs `body` under the runtime lock with the GIL held, turning Python exceptions into the
+// shim's errors.
 template <class F>
 auto with_python(const char* what, F&& body) -> decltype(body()) {
   ensure_started();
+  std::lock_guard<std::recursive_mutex> one(runtime_lock());
   py::gil_scoped_acquire gil;
   try {
     return body();

@@ -25,6 +25,7 @@ using Shared = std::shared_ptr<py::object>;
 Shared share(py::object o) {
   return Shared(new py::object(std::move(o)), [](py::object* p) {
     try {
+      std::lock_guard<std::recursive_mutex> one(runtime_lock());
       py::gil_scoped_acquire gil;
       delete p;
     } catch (...) {
@@ -59,6 +60,7 @@ class PyStorage : public Storage {
 
   ~PyStorage() override {
     try {
+      std::lock_guard<std::recursive_mutex> one(runtime_lock());
       py::gil_scoped_acquire gil;
       // The device buffers go now, not at Python's next collection.
       mesh_->attr("free")(py::none(), *obj_);
@@ -107,6 +109,7 @@ class PyParent : public ParentMesh {
   explicit PyParent(Shared parent) : parent(std::move(parent)) {}
   ~PyParent() override {
     try {
+      std::lock_guard<std::recursive_mutex> one(runtime_lock());
       py::gil_scoped_acquire gil;
       parent->attr("close")();
     } catch (...) {
@@ -122,6 +125,7 @@ class PyMesh : public DeviceMesh {
 
   ~PyMesh() override {
     try {
+      std::lock_guard<std::recursive_mutex> one(runtime_lock());
       py::gil_scoped_acquire gil;
       mesh_->attr("close")();
     } catch (...) {
@@ -164,6 +168,10 @@ class PyMesh : public DeviceMesh {
       }
       return mesh_->attr("upload")(meta_object(meta), views);
     });
+  }
+
+  StoragePtr allocate(const Meta& meta) override {
+    return op("allocate", [&] { return mesh_->attr("allocate")(meta_object(meta)); });
   }
 
   void download(const TensorView& t, uint32_t device, float* out) override {
@@ -368,6 +376,7 @@ class PyMesh : public DeviceMesh {
 class PyBackend : public Backend {
  public:
   const char* name() const override { return "ttnn"; }
+  bool exclusive_devices() const override { return true; }
 
   uint32_t visible_devices() override {
     return with_python("visible_devices",

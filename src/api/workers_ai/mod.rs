@@ -6,16 +6,21 @@
 //! The answer is the `/v1/systemone` body inside Cloudflare's envelope, `{"result", "success",
 //! "errors", "messages"}`; a refusal is `{"result": null, "success": false, "errors": [{"code",
 //! "message"}]}` with the status and code the hosted API uses (see [`refusal`]). The body is
-//! held to the hosted rules: `--strict` (instructions required, ids `[A-Za-z0-9_.-]{1,100}`,
-//! 2+ options and levels, at most 64 questions, 255 options, 10 levels) and no field the hosted
-//! API does not know (`truncate`, `videos` and unknown keys in a question are refused). Any
-//! account id is accepted unless `CLEF_ACCOUNT_ID` is set; the bearer token is `CLEF_API_KEY`
-//! (any token when none is set). The request id is also in `cf-ai-req-id`.
+//! held to the hosted API's published schema (`rules`: no field it does not know, the types
+//! its descriptions name, `data:` URL images) and to `--strict` with the hosted counts
+//! (instructions required, ids `[A-Za-z0-9_.-]{1,100}`, 1–64 questions, 2–255 options, 2–10
+//! levels, at most 4 images). Any account id is accepted unless `CLEF_ACCOUNT_ID` is set; the
+//! bearer token is `CLEF_API_KEY` (any token when none is set). The request id (the client's
+//! `x-request-id` when well formed) is also in `cf-ai-req-id`.
+
+mod rules;
+
+pub use rules::{hosted_limits, MAX_IMAGES};
 
 use super::contract::{WorkersAiEnvelope, WorkersAiError};
 use super::intake::{check_key, read_json};
-use super::state::{json_response, run, AppState, Decided, RETRY_AFTER_SECONDS};
-use super::{validate, ApiError, HostLimits};
+use super::state::{json_response, run, AppState, Decided, ServerSettings, RETRY_AFTER_SECONDS};
+use crate::request::{validate, RequestError};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue};
@@ -52,10 +57,6 @@ mod code {
     pub const SERVER: u32 = 5000;
 }
 
-/// Top-level fields the hosted API knows, and a question's.
-const BODY_FIELDS: [&str; 4] = ["model", "state", "questions", "images"];
-const QUESTION_FIELDS: [&str; 3] = ["type", "instructions", "criteria"];
-
 /// A refusal as the hosted API gives it.
 #[derive(Debug)]
 pub struct Refusal {
@@ -70,7 +71,7 @@ pub struct Refusal {
 /// spec/systemone-api.md §1.5: malformed JSON 400/6003; not a request 400/5006; a hosted rule
 /// 422/5012; too long (tokens or bytes) 413/5021; unknown model 400/7000; another account
 /// 404/7003; authentication 401/10000; busy 429/3040 (503/3040 shutting down); else 500/5000.
-pub fn refusal(e: &ApiError, structural: bool) -> Refusal {
+pub fn refusal(e: &RequestError, structural: bool) -> Refusal {
     // Images are the hosted rules' (count, form, content): 5012 however they fail.
     let media = matches!(
         e.loc.get(1).and_then(Value::as_str),
@@ -120,8 +121,8 @@ pub async fn run_model(
     request: Request,
 ) -> Response {
     let started = Instant::now();
-    let id = state.request_id();
-    let (mut resp, status, tokens) = match decide(&state, path, request).await {
+    let id = state.request_id(request.headers());
+    let (mut resp, status, tokens) = match decide(&state, path, request, &id).await {
         Ok(mut decided) => {
             let envelope = WorkersAiEnvelope {
                 result: std::mem::take(&mut decided.body),
@@ -170,6 +171,7 @@ async fn decide(
     state: &AppState,
     path: Result<Path<(String, String)>, PathRejection>,
     request: Request,
+    id: &str,
 ) -> Result<Decided, Refusal> {
     check_key(&state.settings, request.headers()).map_err(|e| refusal(&e, false))?;
     let Path((account, model)) = path.map_err(|e| {
@@ -191,24 +193,17 @@ async fn decide(
         }
     }
     let selector = served_selector(state, &model)?;
-    let value = read_json(&state.settings, request)
+    let mut value = read_json(&state.settings, request)
         .await
         .map_err(|e| refusal(&e, false))?;
     validate(&value, None).map_err(|e| refusal(&e, true))?;
-    unknown_fields(&value)?;
-    let body_model = value["model"].as_str().unwrap_or_default().trim();
-    if body_model != selector {
-        return Err(refuse(
-            422,
-            code::HOSTED_RULE,
-            format!(
-                "model: {body_model:?} does not match the path's {model} (send \"{selector}\")"
-            ),
-        ));
-    }
+    rules::check(&value, selector, max_images(&state.settings))?;
+    rules::lower_data_schemes(&mut value);
     let request = validate(&value, Some(&hosted_limits(&state.settings.limits)))
         .map_err(|e| refusal(&e, false))?;
-    run(state, request).await.map_err(|e| refusal(&e, false))
+    run(state, request, id)
+        .await
+        .map_err(|e| refusal(&e, false))
 }
 
 /// The body `model` of a hosted model id this server serves.
@@ -238,47 +233,11 @@ fn served_selector(state: &AppState, model: &str) -> Result<&'static str, Refusa
         })
 }
 
-/// The server's limits, no looser than the hosted API's.
-pub fn hosted_limits(limits: &HostLimits) -> HostLimits {
-    HostLimits {
-        max_questions: limits.max_questions.min(64),
-        max_choice_options: limits.max_choice_options.min(255),
-        max_score_levels: limits.max_score_levels.min(10),
-        max_id_chars: limits.max_id_chars.min(100),
-        strict: true,
-    }
-}
-
-/// Fields the hosted API refuses (422/5012), at the top level and in questions.
-fn unknown_fields(body: &Value) -> Result<(), Refusal> {
-    let unknown = |field: String| {
-        refuse(
-            422,
-            code::HOSTED_RULE,
-            format!(
-                "{field}: an unknown field (the hosted API accepts only the documented fields)"
-            ),
-        )
-    };
-    let Value::Object(top) = body else {
-        return Ok(());
-    };
-    if let Some(k) = top.keys().find(|k| !BODY_FIELDS.contains(&k.as_str())) {
-        return Err(unknown(k.clone()));
-    }
-    for (id, q) in top["questions"].as_object().into_iter().flatten() {
-        let Value::Object(q) = q else { continue };
-        if let Some(k) = q.keys().find(|k| !QUESTION_FIELDS.contains(&k.as_str())) {
-            return Err(unknown(format!("questions.{id}.{k}")));
-        }
-        if let (Some(Value::String(t)), Some(Value::Object(c))) = (q.get("type"), q.get("criteria"))
-        {
-            if t == "noul" {
-                if let Some(k) = c.keys().find(|k| *k != "true" && *k != "false") {
-                    return Err(unknown(format!("questions.{id}.criteria.{k}")));
-                }
-            }
-        }
-    }
-    Ok(())
+/// The images this route takes: the hosted API's 4, or fewer when the server takes fewer
+/// (none without a vision tower).
+pub fn max_images(settings: &ServerSettings) -> usize {
+    settings
+        .media
+        .as_ref()
+        .map_or(0, |m| m.max_images.min(MAX_IMAGES))
 }

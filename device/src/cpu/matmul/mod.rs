@@ -123,6 +123,25 @@ impl Engine {
     };
 }
 
+/// What the device does to activations before a product: bf16 rounding (nearest even) and
+/// the fidelity's mantissa mask.
+#[derive(Clone, Copy, Debug)]
+struct Rounding {
+    bf16: bool,
+    mask: u32,
+}
+
+impl Rounding {
+    fn apply(self, v: f32) -> f32 {
+        let v = if self.bf16 {
+            formats::bf16::to_f32(formats::bf16::from_f32(v))
+        } else {
+            v
+        };
+        f32::from_bits(v.to_bits() & self.mask)
+    }
+}
+
 /// `y[rows, w.n] = x[rows, w.k] · wᵀ`. The caller checks the shapes.
 pub fn linear(x: &[f32], rows: usize, w: &PackedWeight) -> Vec<f32> {
     linear_with(x, rows, w, &Numerics::default())
@@ -228,30 +247,27 @@ fn linear_on(
         return y;
     }
     let (weight_mask, activation_mask) = numerics.fidelity.masks();
+    let rounding = (!numerics.is_exact()).then_some(Rounding {
+        bf16: bf16_activations(numerics),
+        mask: activation_mask,
+    });
+    // The bf16 dot kernels round while they pack `x` (one pass over it); the others multiply
+    // a rounded copy.
+    let folded = matches!(kernel, Some(k) if k.packing == Packing::Bf16Pairs);
     let rounded;
-    let x = if numerics.is_exact() {
-        x
-    } else {
-        let bf16 = bf16_activations(numerics);
-        rounded = x
-            .par_iter()
-            .map(|&v| {
-                let v = if bf16 {
-                    formats::bf16::to_f32(formats::bf16::from_f32(v))
-                } else {
-                    v
-                };
-                f32::from_bits(v.to_bits() & activation_mask)
-            })
-            .collect::<Vec<f32>>();
-        &rounded
+    let x = match rounding {
+        Some(r) if !folded => {
+            rounded = x.par_iter().map(|&v| r.apply(v)).collect::<Vec<f32>>();
+            &rounded[..]
+        }
+        _ => x,
     };
     let engine = Engine {
         weight_mask,
         round_accumulators: numerics.bf16_accumulation,
     };
     match kernel {
-        Some(kernel) => blocked(kernel, x, rows, w, engine, &mut y),
+        Some(kernel) => blocked(kernel, x, rows, w, engine, rounding, &mut y),
         None => portable::product(x, rows, w, engine, &mut y),
     }
     y
@@ -268,8 +284,16 @@ struct PackedRows {
 }
 
 impl PackedRows {
-    /// Rows `x[rows, k]` in token blocks of `mr`, zero-padded.
-    fn pack(x: &[f32], rows: usize, k: usize, mr: usize, packing: Packing) -> Self {
+    /// Rows `x[rows, k]` in token blocks of `mr`, zero-padded; bf16 pairs are rounded by
+    /// `rounding` on the way (their values must be bf16: it is `Some` for them).
+    fn pack(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        mr: usize,
+        packing: Packing,
+        rounding: Option<Rounding>,
+    ) -> Self {
         let depth = match packing {
             Packing::F32 => k,
             Packing::Bf16Pairs => pairs(k),
@@ -289,10 +313,11 @@ impl PackedRows {
                             }
                         }
                         Packing::Bf16Pairs => {
-                            // The values are bf16 already (rounded above): their high halves.
+                            // Rounded to bf16: the high halves are the values.
+                            let bits = |v: f32| rounding.map_or(v, |r| r.apply(v)).to_bits();
                             for (i, two) in src.chunks(2).enumerate() {
-                                let hi = two.get(1).map_or(0, |v| v.to_bits() & 0xFFFF_0000);
-                                block[i * mr + r] = (two[0].to_bits() >> 16) | hi;
+                                let hi = two.get(1).map_or(0, |&v| bits(v) & 0xFFFF_0000);
+                                block[i * mr + r] = (bits(two[0]) >> 16) | hi;
                             }
                         }
                     }
@@ -316,13 +341,15 @@ impl PackedRows {
     }
 }
 
-/// The blocked product on `kernel` (see the module header).
+/// The blocked product on `kernel` (see the module header); `rounding` is applied while packing
+/// `x` for the bf16 dot kernels (the others get `x` rounded already).
 fn blocked(
     kernel: &Kernel,
     x: &[f32],
     rows: usize,
     w: &PackedWeight,
     engine: Engine,
+    rounding: Option<Rounding>,
     y: &mut [f32],
 ) {
     let k = w.k;
@@ -339,7 +366,8 @@ fn blocked(
         // runs every panel over them, so x is read once and never copied whole.
         (0..row_blocks).into_par_iter().for_each(|rb| {
             let (r0, r1) = (rb * mc, ((rb + 1) * mc).min(rows));
-            let local = PackedRows::pack(&x[r0 * k..r1 * k], r1 - r0, k, mr, kernel.packing);
+            let local =
+                PackedRows::pack(&x[r0 * k..r1 * k], r1 - r0, k, mr, kernel.packing, rounding);
             // SAFETY: each task writes only rows [r0, r1) of `y` (the pointer is moved to row
             // r0); shapes checked by the caller; the kernel's ISA was detected.
             unsafe {
@@ -349,7 +377,7 @@ fn blocked(
         });
         return;
     }
-    let packed = PackedRows::pack(x, rows, k, mr, kernel.packing);
+    let packed = PackedRows::pack(x, rows, k, mr, kernel.packing, rounding);
     let threads = rayon::current_num_threads();
     let wanted = (4 * threads).div_ceil(row_blocks);
     let group = w.panels().div_ceil(wanted).clamp(1, MAX_GROUP);

@@ -6,8 +6,9 @@ so a request's ttnn calls can be counted and timed. Exceptions from ttnn pass th
 (the bridge turns them into device errors carrying ttnn's message).
 
 A shadow hook can be installed (`Dispatcher.shadow = callable(name, fn, args, kwargs, result)`),
-called after every successful call: the place for a golden-shadow mode that recomputes an op
-with `ttnn.get_golden_function(fn)` and compares. It is None by default (no cost).
+called after every successful call, and its `before(name, args)` (if it has one) before the call:
+the golden-shadow mode (golden/, `CLEF_TT_GOLDEN=1`) recomputes every op with
+`ttnn.get_golden_function(fn)`. It is None by default (no cost).
 
 A test hook: `CLEF_TT_TTNN_REFUSE=name:n` makes the n-th call of `name` (counted per mesh)
 instead ask ttnn for the matrix product of its first tensor argument with itself, a shape
@@ -41,6 +42,8 @@ class Dispatcher:
             if self._seen[name] == self._refuse[1]:
                 first = next(a for a in args if hasattr(a, "shape"))
                 fn, args, kwargs = self._ttnn.matmul, (first, first), {}
+        if self.shadow is not None:
+            self.shadow.before(name, args)
         t0 = time.perf_counter()
         try:
             result = fn(*args, **kwargs)

@@ -15,6 +15,7 @@ import weakref
 from .attention import Attention
 from .delta import DeltaOps
 from .dispatch import Dispatcher
+from .golden import enabled as golden_enabled
 from .kv_cache import KV, KvCache
 from .meta import ACTIVATION, BF16, MATRIX, PARTIAL, VECTOR, as_meta, describe as meta_text
 from .tensors import DT, Helpers
@@ -48,6 +49,9 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
         self.owned = weakref.WeakValueDictionary()
         self._live = weakref.WeakSet()
         self.closed = False
+        if golden_enabled():
+            from .golden import install
+            install(self)
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def wrap(self, t, host=None):
@@ -163,6 +167,9 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
             "compute_grid": list(self.grid),
             "dram_bytes_per_device": int(view.total_bytes_per_bank) * int(view.num_banks),
             "dram_banks": int(view.num_banks),
+            # The allocator's own count: everything ttnn holds on a device, its own buffers too.
+            "dram_allocated_per_device": int(view.total_bytes_allocated_per_bank)
+            * int(view.num_banks),
             "activation_dtype": "bf16" if self.act_dtype == self.ttnn.bfloat16 else "f32",
         }
 

@@ -5,7 +5,7 @@ swiglu, split_query_gate, rope, mul_sigmoid.
   (programs.py); a row-parallel projection (sharded x) leaves f32 partial sums, other results are
   in the activation dtype; `bf16_activations` casts f32 activations to bf16 first.
 - all_reduce: the port's composite all-reduce in f32: `reduce_scatter` then `all_gather` on the
-  last dim over the mesh line (cluster axis 1, Topology.Linear), then the activation dtype.
+  last dim over the mesh line (cluster axis 1, `ccl_options`), then the activation dtype.
 - rms_norm (and gated_rms_norm in delta.py): `ttnn.rms_norm` over the last dim, per group via a
   [1, T, groups, group] view, epsilon as given, the gamma a [1, 1, 1, group] f32 TILE row (1 + w
   for the zero-centred norms, made once per weight), HiFi4 / fp32 accumulation.
@@ -17,11 +17,24 @@ swiglu, split_query_gate, rope, mul_sigmoid.
   rows [1, T, 1, half] broadcast over heads, rotate-half by slices.
 """
 import hashlib
+import os
 
 import numpy as np
 
 from .meta import BF16, F32, SHARDED, f32, tile_bytes
 from .programs import kernel_config, matmul_program, precise
+
+
+def ccl_options(ttnn):
+    """The collectives' topology and links: Linear (a P150x2 line) unless CLEF_TT_RING=1 (Ring,
+    as the port ran on a P300x2); CLEF_TT_NUM_LINKS fixes the Ethernet links (2 on a single
+    QSFP-DD cable), else ttnn picks."""
+    out = {"topology": ttnn.Topology.Ring if os.environ.get("CLEF_TT_RING") == "1"
+           else ttnn.Topology.Linear}
+    links = os.environ.get("CLEF_TT_NUM_LINKS", "")
+    if links.isdigit() and int(links) > 0:
+        out["num_links"] = int(links)
+    return out
 
 
 class TextOps:
@@ -58,11 +71,11 @@ class TextOps:
             total = x32 if x32 is not xo.t else self.tt.call("clone", ttnn.clone, x32,
                                                              memory_config=self.dram)
         else:
+            ccl = ccl_options(ttnn)
             scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, x32, 3,
-                                     cluster_axis=1, topology=ttnn.Topology.Linear,
-                                     memory_config=self.dram)
+                                     cluster_axis=1, memory_config=self.dram, **ccl)
             total = self.tt.call("all_gather", ttnn.all_gather, scattered, 3, cluster_axis=1,
-                                 topology=ttnn.Topology.Linear, memory_config=self.dram)
+                                 memory_config=self.dram, **ccl)
             self.drop(scattered)
             if x32 is not xo.t:
                 self.drop(x32)

@@ -20,8 +20,8 @@ import tempfile
 
 import numpy as np
 
-from .meta import (MATRIX, VECTOR, REPLICATED, F32, BF16, BFP8_B, BFP4_B, packed_bytes,
-                   stored_bytes, describe)
+from .meta import (MATRIX, VECTOR, REPLICATED, PARTIAL, F32, BF16, BFP8_B, BFP4_B,
+                   packed_bytes, stored_bytes, describe, as_meta)
 from .kv_cache import KV
 
 _tmp_dir = None
@@ -133,11 +133,18 @@ class Transfers:
         """Device `device`'s part as row-major f32 [rows, cols] bytes (matrices decoded)."""
         self._check_device("download", device)
         ttnn = self.ttnn
+        shadow = self.tt.shadow
+        if shadow is not None:
+            shadow.purge()
         t = self.kv_rows(obj) if isinstance(obj, KV) else obj.t
-        part = self._device_part(t, device)
-        if part.dtype != ttnn.float32:
-            part = ttnn.to_dtype(part, ttnn.float32)
-        a = part.to_numpy().reshape(-1)
+        if shadow is not None:
+            # The golden-shadow mode (golden/): the values ttnn's golden functions computed.
+            a = shadow.values(t, device)
+        else:
+            part = self._device_part(t, device)
+            if part.dtype != ttnn.float32:
+                part = ttnn.to_dtype(part, ttnn.float32)
+            a = part.to_numpy().reshape(-1)
         n = meta.rows * meta.cols
         if a.size < n:
             raise ValueError("download: the device returned %d values, %s holds %d"
@@ -151,7 +158,10 @@ class Transfers:
         self._check_device("read_stored", device)
         if meta.role != MATRIX:
             return self.download(meta, obj, device)
-        data = host_bytes(self._device_part(obj.t, device))
+        if self.tt.shadow is not None:
+            data = self.tt.shadow.stored_bytes(obj.t, device, tt_dtype(self.ttnn, meta.dtype))
+        else:
+            data = host_bytes(self._device_part(obj.t, device))
         return data[:stored_bytes(meta)]
 
     def footprint(self, t):
@@ -174,6 +184,24 @@ class Transfers:
             return self.kv_copy(obj)
         return self.wrap(self.tt.call("clone", self.ttnn.clone, obj.t, memory_config=self.dram),
                          host=obj.host)
+
+    def allocate(self, meta):
+        """Device memory for `meta` on every device, values unset (no host data): matrices
+        [1, 1, in, out] TILE in their format, vectors f32 ROW_MAJOR, activations TILE in the
+        activation dtype (partial sums f32), as an upload of the same descriptor is held."""
+        ttnn = self.ttnn
+        meta = as_meta(meta)
+        if meta.role == MATRIX:
+            dtype, layout = tt_dtype(ttnn, meta.dtype), ttnn.TILE_LAYOUT
+        elif meta.role == VECTOR:
+            dtype, layout = ttnn.float32, ttnn.ROW_MAJOR_LAYOUT
+        else:
+            dtype = ttnn.float32 if meta.placement == PARTIAL else self.act_dtype
+            layout = ttnn.TILE_LAYOUT
+        t = self.tt.call("allocate_tensor_on_device", ttnn.allocate_tensor_on_device,
+                         ttnn.Shape([1, 1, meta.rows, meta.cols]), dtype, layout, self.device,
+                         self.dram)
+        return self.wrap(t)
 
     def free(self, meta, obj):
         """Release the tensor's device buffers now (the bridge calls this when the ABI frees it;

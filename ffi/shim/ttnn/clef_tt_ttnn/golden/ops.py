@@ -1,0 +1,247 @@
+"""The shadow of every ttnn op the package calls: the op's ttnn golden function where ttnn 0.81.1
+has one, otherwise a shadow written from the op's documented semantics.
+
+Golden functions (`ttnn.get_golden_function(op)`), called per device on the twins of the inputs:
+  reshape, slice, concat, pad, permute, typecast, to_layout, clone, zeros,
+  allocate_tensor_on_device (torch.empty: unset values, as on the device), linear, add, multiply,
+  subtract, silu, sigmoid, neg, gelu, rms_norm, layer_norm,
+  transformer.scaled_dot_product_attention (segments as cu_window_seqlens),
+  transformer.chunked_scaled_dot_product_attention (paged KV, page table, chunk_start_idx),
+  transformer.chunk_gated_delta_rule (the rank-3 flat layout adapted, see `delta_rule`),
+  reduce_scatter, all_gather (all devices' twins at once, mesh metadata given, the composed
+  result cut back per device).
+Own shadows (the op has no golden function in ttnn 0.81.1, or is not a computation):
+  Tensor               host values -> device: the numpy data, replicated or cut along dim 3 as
+                       the mesh mapper does, stored in the tensor's dtype
+  load_tensor          a matrix part's tile bytes as a host tensor: decoded by ttnn's own host
+                       conversion (`ttnn.to_torch`; bfloat8_b / bfloat4_b unpacked)
+  from_host_shards     the shards' values, one per device
+  to_device            the host values (a single one replicated)
+  from_device          (downloads read the twins; kept only if called)
+  deallocate           drops the twin once the buffer is freed
+  experimental.nlp_concat_heads      [1, H, T, D] -> [1, 1, T, H*D] (heads concatenated in order)
+  experimental.rotary_embedding_hf   x * cos + rotate_half(x) * sin, rotate_half(x) =
+                       concat(-x[..., D/2:], x[..., :D/2]), cos/sin [1, 1, T, D] over all heads
+  experimental.paged_fill_cache      input token t -> cache[page_table[batch_idx, t // block], :,
+                       t % block] (GOLDEN.md, checked against the chunked SDPA golden)
+"""
+import numpy as np
+import torch
+
+# Arguments that only steer the device (configs, placement, the delta rule's constant tiles).
+DEVICE_ONLY = frozenset(("memory_config", "mem_config", "compute_kernel_config", "program_config",
+                         "device", "layout", "topology", "queue_id", "eye", "tril", "ones",
+                         "masks", "is_decode_mode", "num_links"))
+
+# Ops whose golden returns the device result's values in another (same-size) shape.
+RESHAPED_OUTPUTS = frozenset(("transformer.chunk_gated_delta_rule",))
+
+
+def _golden(sh, fn):
+    return sh.ttnn.get_golden_function(fn)
+
+
+def per_device(keep=()):
+    """The golden of the op, once per device, on the twins of its tensor arguments."""
+    def body(sh, name, fn, args, kwargs, result):
+        g = _golden(sh, fn)
+        kw = {k: v for k, v in kwargs.items() if k not in DEVICE_ONLY or k in keep}
+        outs = []
+        for d in range(sh.n):
+            outs.append(g(*[sh.arg(a, d) for a in args],
+                          **{k: sh.arg(v, d) for k, v in kw.items()}))
+        sh.set(result, outs, name)
+    return body
+
+
+# -- collectives ----------------------------------------------------------------------------------
+def _collective_inputs(sh, args, kwargs):
+    x, dim = args[0], args[1]
+    shards = [sh.twin(x, d) for d in range(sh.n)]
+    kw = {"cluster_axis": kwargs.get("cluster_axis"),
+          "_ttnn_golden_mesh_shape": (1, sh.n),
+          "_ttnn_golden_mesh_shard_dims": (None, None)}
+    return shards, dim, kw
+
+
+def reduce_scatter(sh, name, fn, args, kwargs, result):
+    """Sum over the line, device i keeps chunk i along dim: the golden returns the composed
+    tensor (chunks concatenated along dim), cut back here."""
+    shards, dim, kw = _collective_inputs(sh, args, kwargs)
+    composed = _golden(sh, fn)(shards, dim, **kw)
+    sh.set(result, list(torch.chunk(composed, sh.n, dim=dim)), name)
+
+
+def all_gather(sh, name, fn, args, kwargs, result):
+    """Every device gets the concatenation of all shards along dim (the composed result)."""
+    shards, dim, kw = _collective_inputs(sh, args, kwargs)
+    composed = _golden(sh, fn)(shards, dim, **kw)
+    sh.set(result, [composed] * sh.n, name)
+
+
+# -- the delta rule -------------------------------------------------------------------------------
+def delta_rule(sh, name, fn, args, kwargs, result):
+    """`transformer.chunk_gated_delta_rule`'s golden (q, k, v, g, beta; g log-space decay, beta
+    post-sigmoid, state [B, HV, K, V], GQA value head hv -> key head hv // (HV/H)).
+
+    The port's rank-3 flat layout (q/k [B, T, H*K], v [B, T, HV*V], raw q/k: the kernel
+    L2-normalises them and applies `scale`) is not a layout the golden takes (GOLDEN.md pitfall 1):
+    here it is viewed as [B, T, H, K] / [B, T, HV, V] with K == V (the op's contract) and
+    HV = beta's last dim, and the golden normalises q/k itself (`use_qk_l2norm=True`, eps 1e-6, on
+    q/k in f32 as the kernel computes). The rank-4 layout (pre-normalised q/k) goes as is."""
+    g = _golden(sh, fn)
+    kw = {k: v for k, v in kwargs.items() if k not in DEVICE_ONLY}
+    outs, states = [], []
+    for d in range(sh.n):
+        q, k, v, gate, beta = [sh.arg(a, d) for a in args[:5]]
+        dkw = {key: sh.arg(val, d) for key, val in kw.items()}
+        if q.dim() == 3:
+            heads_v = beta.shape[-1]
+            width = v.shape[-1] // heads_v
+            b, t = q.shape[0], q.shape[1]
+            q = q.float().reshape(b, t, q.shape[-1] // width, width)
+            k = k.float().reshape(b, t, k.shape[-1] // width, width)
+            v = v.reshape(b, t, heads_v, width)
+            dkw["use_qk_l2norm"] = True
+        o, s = g(q, k, v, gate, beta, **dkw)
+        outs.append(o)
+        states.append(s)
+    o_t, s_t = result
+    sh.set(o_t, outs, name)
+    if s_t is not None and states[0] is not None:
+        sh.set(s_t, states, name)
+
+
+# -- ops without a golden function ----------------------------------------------------------------
+def tensor(sh, name, fn, args, kwargs, result):
+    """ttnn.Tensor(numpy data, data_type, layout, device, mesh_mapper): replicated when the data
+    has the per-device shape, else cut along dim 3 (shard_tensor_to_mesh_mapper(mesh, 3))."""
+    data = np.array(args[0], copy=True)
+    shape = tuple(int(x) for x in result.shape)
+    if data.shape == shape:
+        parts = [data] * sh.n
+    else:
+        parts = np.split(data, sh.n, axis=3)
+    sh.set(result, [torch.from_numpy(np.ascontiguousarray(p)) for p in parts], name)
+
+
+def load_tensor(sh, name, fn, args, kwargs, result):
+    """A host TILE tensor holding a matrix part's bytes: its values as ttnn decodes them."""
+    sh._host[id(result)] = (result, [sh.ttnn.to_torch(result)])
+
+
+def from_host_shards(sh, name, fn, args, kwargs, result):
+    hosts = args[0]
+    values = [sh.twins(h)[0] for h in hosts]
+    for h in hosts:
+        sh.forget_host(h)
+    sh._host[id(result)] = (result, values)
+
+
+def to_device(sh, name, fn, args, kwargs, result):
+    host = args[0]
+    values = list(sh.twins(host))
+    sh.forget_host(host)
+    if len(values) == 1:
+        values = values * sh.n
+    sh._dev[sh.key(result)] = [v.contiguous() for v in values]
+    if tuple(values[0].shape) != tuple(int(x) for x in result.shape):
+        raise RuntimeError("golden shadow: to_device of %s into %s"
+                           % (list(values[0].shape), list(result.shape)))
+
+
+def from_device(sh, name, fn, args, kwargs, result):
+    """Only downloads read a device tensor back, and in this mode they read the twins; a shard
+    read back otherwise has no twin to carry."""
+
+
+def deallocate(sh, name, fn, args, kwargs, result):
+    """Nothing to compute. The twin is dropped by key once the buffer is gone (the key needs the
+    address, which a deallocated tensor no longer has: Shadow.before keeps it)."""
+    key = sh.pending_free.pop(id(args[0]), None)
+    if key is not None and not args[0].is_allocated():
+        sh._dev.pop(key, None)
+
+
+def nlp_concat_heads(sh, name, fn, args, kwargs, result):
+    """[1, H, T, D] -> [1, 1, T, H*D]: token-major, heads concatenated in order."""
+    outs = []
+    for d in range(sh.n):
+        x = sh.twin(args[0], d)
+        b, h, t, dd = x.shape
+        outs.append(x.permute(0, 2, 1, 3).reshape(b, 1, t, h * dd))
+    sh.set(result, outs, name)
+
+
+def rotary_embedding_hf(sh, name, fn, args, kwargs, result):
+    """HF rotate-half rotary embedding (prefill): x [B, H, T, D], cos/sin [1, 1, T, D]:
+    x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) of the halves of D."""
+    outs = []
+    for d in range(sh.n):
+        x, cos, sin = [sh.twin(a, d).float() for a in args[:3]]
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        outs.append(x * cos + rot * sin)
+    sh.set(result, outs, name)
+
+
+def paged_fill_cache(sh, name, fn, args, kwargs, result):
+    """In place: input [1, NKV, S, D] token t -> cache[page_table[batch_idx, t // block], :,
+    t % block]; cache [blocks, NKV, block, D]. The new twin is a copy (earlier slices of the cache
+    keep their values)."""
+    cache_t, inp_t, table_t = args[:3]
+    batch = int(kwargs.get("batch_idx", args[3] if len(args) > 3 else 0))
+    outs = []
+    for d in range(sh.n):
+        cache = sh.twin(cache_t, d).clone()
+        x = sh.twin(inp_t, d)
+        table = sh.twin(table_t, d).long().reshape(-1, sh.twin(table_t, d).shape[-1])
+        block = cache.shape[2]
+        s = x.shape[2]
+        pos = torch.arange(s)
+        pages = table[batch, pos // block]
+        cache[pages, :, pos % block] = x[0].permute(1, 0, 2).to(cache.dtype)
+        outs.append(cache)
+    sh.set(cache_t, outs, name)
+    if result is not None and sh.is_tensor(result) and sh.key(result) != sh.key(cache_t):
+        sh.set(result, outs, name)
+
+
+HANDLERS = {
+    # golden functions
+    "reshape": ("golden", per_device()),
+    "slice": ("golden", per_device()),
+    "concat": ("golden", per_device()),
+    "pad": ("golden", per_device()),
+    "permute": ("golden", per_device()),
+    "typecast": ("golden", per_device()),
+    "to_layout": ("golden", per_device()),
+    "clone": ("golden", per_device()),
+    "zeros": ("golden", per_device()),
+    "allocate_tensor_on_device": ("golden", per_device()),
+    "linear": ("golden", per_device(keep=("program_config",))),
+    "add": ("golden", per_device()),
+    "multiply": ("golden", per_device()),
+    "subtract": ("golden", per_device()),
+    "silu": ("golden", per_device()),
+    "sigmoid": ("golden", per_device()),
+    "neg": ("golden", per_device()),
+    "gelu": ("golden", per_device()),
+    "rms_norm": ("golden", per_device()),
+    "layer_norm": ("golden", per_device()),
+    "transformer.scaled_dot_product_attention": ("golden", per_device()),
+    "transformer.chunked_scaled_dot_product_attention": ("golden", per_device()),
+    "transformer.chunk_gated_delta_rule": ("golden", delta_rule),
+    "reduce_scatter": ("golden", reduce_scatter),
+    "all_gather": ("golden", all_gather),
+    # own shadows
+    "Tensor": ("own", tensor),
+    "load_tensor": ("own", load_tensor),
+    "from_host_shards": ("own", from_host_shards),
+    "to_device": ("own", to_device),
+    "from_device": ("own", from_device),
+    "deallocate": ("own", deallocate),
+    "experimental.nlp_concat_heads": ("own", nlp_concat_heads),
+    "experimental.rotary_embedding_hf": ("own", rotary_embedding_hf),
+    "experimental.paged_fill_cache": ("own", paged_fill_cache),
+}

@@ -1,0 +1,294 @@
+//! `clef-tt plan --on-device`: the plan placed on a device mesh through its shim without host
+//! data — every weight with the tensor spec the backend uses (matrices as `[in, out]` tiles of
+//! the profile's formats, vectors f32), the prefix cache's slots (KV rows, DeltaNet states,
+//! conv carries) and one chunk's working set — class by class, with the bytes the device's
+//! allocator holds for each next to the plan's prediction and what is left of each chip's
+//! DRAM. A class that does not fit ends the placement with an error naming it.
+
+use super::report::PlanQuestion;
+use super::{text_matrices, text_vectors, vision_matrices, PlacedMatrix};
+use crate::backbone::TpPlan;
+use crate::checkpoint::LayerKind;
+use clef_device::tt::{Allocation, TtMesh, TtTensor};
+use clef_device::DeviceError;
+use clef_vision::tower::plan::VisionPlan;
+use std::fmt::Write;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One class of tensors placed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassRow {
+    pub class: String,
+    pub tensors: usize,
+    /// The plan's bytes per device (whole tiles; f32 vectors; activations in their dtype).
+    pub predicted: u64,
+    /// What the device's allocator holds for them, per device.
+    pub held: u64,
+}
+
+/// A finished placement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    pub rows: Vec<ClassRow>,
+    /// DRAM of one device.
+    pub dram: u64,
+    /// The allocator's own count of what is allocated per device at the end (ttnn's own
+    /// buffers included), when the backend reports it.
+    pub allocated: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error(
+        "{class} does not fit: it needs {need:.2} GiB per device and {free:.2} GiB of the {dram:.2} GiB are left after {placed}; the device said: {message}"
+    )]
+    DoesNotFit {
+        class: String,
+        need: f64,
+        free: f64,
+        dram: f64,
+        placed: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("the plan: {0}")]
+    Plan(String),
+}
+
+/// What one class consists of.
+struct Class {
+    name: String,
+    tensors: Vec<(Allocation, u64)>,
+}
+
+/// Bytes a device holds for an activation of `rows x cols` elements of `bytes` each.
+fn activation(rows: usize, cols: usize, f32: bool, act_bytes: u64) -> (Allocation, u64) {
+    let bytes = if f32 { 4 } else { act_bytes };
+    let tiles = (rows.div_ceil(32) * cols.div_ceil(32)) as u64;
+    (
+        Allocation::Activation { rows, cols, f32 },
+        tiles * 1024 * bytes,
+    )
+}
+
+fn matrix(m: &PlacedMatrix) -> (Allocation, u64) {
+    (
+        Allocation::Matrix {
+            inputs: m.inputs,
+            outputs: m.outputs,
+            format: m.format,
+        },
+        m.bytes() as u64,
+    )
+}
+
+/// Every class of `q`'s plan in placement order: the weight classes (in the order they first
+/// appear), the vectors, the vision tower, `slots` prefix-cache slots of `slot_tokens`, one
+/// chunk of `q.tokens`.
+fn classes(
+    q: &PlanQuestion,
+    slots: usize,
+    slot_tokens: usize,
+) -> Result<Vec<Class>, PlacementError> {
+    let cfg = q.text;
+    let plan = TpPlan::new(cfg, q.devices).map_err(|e| PlacementError::Plan(e.to_string()))?;
+    let formats = q.precision.weight_formats();
+    let matrices = text_matrices(cfg, &plan, &formats);
+    let mut out: Vec<Class> = Vec::new();
+    for m in &matrices {
+        match out.iter_mut().find(|c| c.name == m.class) {
+            Some(c) => c.tensors.push(matrix(m)),
+            None => out.push(Class {
+                name: m.class.to_string(),
+                tensors: vec![matrix(m)],
+            }),
+        }
+    }
+    out.push(Class {
+        name: "norms, gates, conv taps".into(),
+        tensors: text_vectors(cfg, &plan)
+            .into_iter()
+            .map(|values| (Allocation::Vector { values }, values as u64 * 4))
+            .collect(),
+    });
+    if let Some(v) = &q.vision {
+        let vplan =
+            VisionPlan::new(v, q.devices).map_err(|e| PlacementError::Plan(e.to_string()))?;
+        out.push(Class {
+            name: "vision".into(),
+            tensors: vision_matrices(v, &vplan, formats.vision)
+                .iter()
+                .map(matrix)
+                .collect(),
+        });
+    }
+    let n = q.devices;
+    let act = if q.precision.bf16_activations { 2 } else { 4 };
+    let mut slot = Vec::new();
+    for _ in 0..slots {
+        for _ in 0..cfg.count(LayerKind::Attention) {
+            let kv = cfg.num_key_value_heads / n * cfg.head_dim;
+            slot.push(activation(slot_tokens, kv, false, act));
+            slot.push(activation(slot_tokens, kv, false, act));
+        }
+        for _ in 0..cfg.count(LayerKind::DeltaNet) {
+            let heads = cfg.linear_num_value_heads / n;
+            slot.push(activation(
+                heads * cfg.linear_key_head_dim,
+                cfg.linear_value_head_dim,
+                true,
+                act,
+            ));
+            slot.push(activation(
+                cfg.linear_conv_kernel_dim - 1,
+                cfg.conv_dim() / n,
+                false,
+                act,
+            ));
+        }
+    }
+    out.push(Class {
+        name: format!("prefix cache: {slots} slots x {slot_tokens} tokens"),
+        tensors: slot,
+    });
+    // One chunk at its widest: the hidden rows (input, residual, normed), the widest
+    // column-parallel output and its activation, and a row-parallel projection's f32 partial
+    // sums with their reduction.
+    let t = q.tokens;
+    let widest = matrices
+        .iter()
+        .filter(|m| !m.row_parallel)
+        .map(|m| m.outputs)
+        .max()
+        .unwrap_or(0);
+    let h = cfg.hidden_size;
+    out.push(Class {
+        name: format!("one {t}-token chunk"),
+        tensors: vec![
+            activation(t, h, false, act),
+            activation(t, h, false, act),
+            activation(t, h, false, act),
+            activation(t, widest, false, act),
+            activation(t, widest / 2, false, act),
+            activation(t, h, true, act),
+            activation(t, h, true, act),
+        ],
+    });
+    Ok(out)
+}
+
+/// Places `q`'s plan on `mesh` class by class, keeping everything allocated until the end.
+pub fn place(
+    mesh: &TtMesh,
+    q: &PlanQuestion,
+    slots: usize,
+    slot_tokens: usize,
+) -> Result<Placement, PlacementError> {
+    let facts: serde_json::Value = serde_json::from_str(&mesh.describe()?).unwrap_or_default();
+    let dram = facts["dram_bytes_per_device"].as_u64().unwrap_or(0);
+    let mut held: Vec<TtTensor> = Vec::new();
+    let mut rows: Vec<ClassRow> = Vec::new();
+    for class in classes(q, slots, slot_tokens)? {
+        let before = mesh
+            .status()?
+            .bytes_per_device
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let predicted: u64 = class.tensors.iter().map(|(_, b)| b).sum();
+        for (what, _) in &class.tensors {
+            match mesh.allocate(*what) {
+                Ok(t) => held.push(t),
+                Err(e) if out_of_memory(&e) => {
+                    return Err(PlacementError::DoesNotFit {
+                        class: class.name,
+                        need: predicted as f64 / GIB,
+                        free: dram.saturating_sub(before) as f64 / GIB,
+                        dram: dram as f64 / GIB,
+                        placed: if rows.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            rows.iter()
+                                .map(|r| r.class.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        },
+                        message: e.to_string(),
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let after = mesh
+            .status()?
+            .bytes_per_device
+            .first()
+            .copied()
+            .unwrap_or(0);
+        rows.push(ClassRow {
+            class: class.name,
+            tensors: class.tensors.len(),
+            predicted,
+            held: after.saturating_sub(before),
+        });
+    }
+    let facts: serde_json::Value = serde_json::from_str(&mesh.describe()?).unwrap_or_default();
+    let allocated = facts["dram_allocated_per_device"].as_u64();
+    drop(held);
+    Ok(Placement {
+        rows,
+        dram,
+        allocated,
+    })
+}
+
+/// Whether a device error is the allocator running out of memory.
+fn out_of_memory(e: &DeviceError) -> bool {
+    let text = e.to_string();
+    text.contains("out of memory") || text.contains("Out of Memory") || text.contains("OOM")
+}
+
+/// The placement as markdown: a row per class, then what is left of a chip.
+pub fn render(p: &Placement, weights_classes: usize, port_free_gib: f64) -> String {
+    let mut out = String::from(
+        "| class | tensors | plan GiB per device | device allocator GiB per device |\n|---|---|---|---|\n",
+    );
+    let (mut predicted, mut held) = (0u64, 0u64);
+    let mut weights_held = 0u64;
+    for (i, r) in p.rows.iter().enumerate() {
+        predicted += r.predicted;
+        held += r.held;
+        if i < weights_classes {
+            weights_held += r.held;
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.3} | {:.3} |",
+            r.class,
+            r.tensors,
+            r.predicted as f64 / GIB,
+            r.held as f64 / GIB
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| **total** | {} | **{:.3}** | **{:.3}** |\n",
+        p.rows.iter().map(|r| r.tensors).sum::<usize>(),
+        predicted as f64 / GIB,
+        held as f64 / GIB
+    );
+    let dram = p.dram as f64 / GIB;
+    let _ = writeln!(
+        out,
+        "DRAM per device {dram:.2} GiB: {:.2} GiB left after the weights (the port reports {port_free_gib} GiB free of 32 GB after its text weights, its embedding table included), {:.2} GiB left after everything above.{}",
+        dram - weights_held as f64 / GIB,
+        dram - held as f64 / GIB,
+        p.allocated.map_or(String::new(), |a| format!(
+            " The allocator counts {:.2} GiB allocated per device (ttnn's own buffers included).",
+            a as f64 / GIB
+        ))
+    );
+    out
+}

@@ -1,0 +1,346 @@
+//! The model's numbers through ttnn's own definition of each op: the golden-shadow mode of the
+//! ttnn backend (`CLEF_TT_GOLDEN=1`, ffi/shim/ttnn/clef_tt_ttnn/golden/). Every ttnn call the
+//! shim makes on the mock P150x2 also computes its output on the host with the op's ttnn golden
+//! function (torch), per device, and downloads return those values. The text and media goldens,
+//! through the ttnn backend on the 1x2 mesh under the `bf16` and `selected` profiles, must then
+//! answer as the reference's bf16 run does, exactly as tests/goldens.rs and tests/media.rs
+//! compare the CPU bf16 profile: input ids identical, every probability within 5e-2 of
+//! `expected_bf16.jsonl`; and, beyond them, the same top option of every choice and score
+//! question (argmax; a noul answer is its value, within the same band) unless the reference's
+//! own bf16 logits tie (top two within one bf16 ulp). A deliberate convention change in the op
+//! mapping (`CLEF_TT_GOLDEN_MUTATE=gate_sign`: the delta rule's log-decay with the wrong sign)
+//! must fail that check.
+//!
+//! Each check runs in a child process of this test binary (the embedded CPython reads its
+//! environment once per process): `child_scores_the_goldens` does the work when
+//! `CLEF_TT_GOLDEN_CHILD` names the profiles, and passes at once otherwise.
+//!
+//! Runs where the ttnn shim was built, the mock kit's environment is set and torch imports in
+//! the shim's Python; otherwise each test says why it is skipped and passes, unless
+//! `CLEF_REQUIRE_TT_GOLDEN=1`, which makes that a failure. One command:
+//!
+//! ```text
+//! source /tmp/ttmock/env.sh   # ffi/ttnn-mock/setup.sh /tmp/ttmock; plus: /tmp/ttmock/venv/bin/pip install torch
+//! CARGO_TARGET_DIR=target/tt cargo test --test tt_golden -- --nocapture
+//! ```
+
+mod common;
+
+use clef_device::tt::{MeshPlacement, Shim, TtMesh};
+use clef_device::MeshShape;
+use clef_tt::encode::LengthRule;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The band of the bf16 profile (tests/goldens.rs `check_bf16_goldens`, tests/media.rs).
+const BAND: f64 = 5e-2;
+const CHILD: &str = "CLEF_TT_GOLDEN_CHILD";
+
+/// The Python the shim embeds (interpreter.cpp: CLEF_TT_PYTHON, else $VIRTUAL_ENV/bin/python).
+fn shim_python() -> Option<String> {
+    if let Ok(p) = std::env::var("CLEF_TT_PYTHON") {
+        if !p.is_empty() {
+            return Some(p);
+        }
+    }
+    std::env::var("VIRTUAL_ENV")
+        .ok()
+        .map(|v| format!("{v}/bin/python"))
+}
+
+/// The ttnn shim, when it, the mock kit and torch are there.
+fn kit() -> Option<&'static str> {
+    let shim = tt_metal_sys::TTNN_SHIM;
+    let why = if shim.is_empty() || !Path::new(shim).is_file() {
+        "the ttnn shim was not built (CLEF_TT_PYTHON unset at build time)".to_string()
+    } else if std::env::var_os("TT_METAL_MOCK_CLUSTER_DESC_PATH").is_none() {
+        "the mock kit's environment is not set (source DIR/env.sh of ffi/ttnn-mock/setup.sh)"
+            .to_string()
+    } else {
+        match shim_python() {
+            None => "no CLEF_TT_PYTHON (the kit's env.sh sets it)".to_string(),
+            Some(py) => match Command::new(&py).args(["-c", "import torch"]).output() {
+                Ok(out) if out.status.success() => return Some(shim),
+                _ => format!(
+                    "torch does not import in {py} (the golden functions need it: {py} -m pip \
+                     install torch, ~4 GB with its CUDA dependencies)"
+                ),
+            },
+        }
+    };
+    assert!(
+        std::env::var("CLEF_REQUIRE_TT_GOLDEN").as_deref() != Ok("1"),
+        "CLEF_REQUIRE_TT_GOLDEN=1: {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn jsonl(dir: &str, name: &str) -> Vec<Value> {
+    std::fs::read_to_string(common::fixtures().join(dir).join(name))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("tt_golden")
+        .join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// This binary's `child_scores_the_goldens` in a child process with `CLEF_TT_GOLDEN=1`, the
+/// profiles and goldens to score, and `mutation` if any: (succeeded, stdout + stderr).
+fn run_child(spec: &str, mutation: Option<&str>) -> (bool, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_scores_the_goldens",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, spec)
+    .env("CLEF_TT_GOLDEN", "1")
+    .env(
+        "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("ffi/ttnn-mock/blackhole_2xP150.yaml"),
+    )
+    .env("TT_LOGGER_LEVEL", "warn")
+    .env_remove("CLEF_TT_GOLDEN_MUTATE")
+    // ttnn writes `generated/` into the working directory.
+    .current_dir(scratch(mutation.unwrap_or("plain")));
+    match mutation {
+        Some(m) => cmd.env("CLEF_TT_GOLDEN_MUTATE", m),
+        // Each profile's shadow calls per op (golden function or own shadow) when it closes.
+        None => cmd.env("CLEF_TT_GOLDEN_REPORT", "1"),
+    };
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Lines of a child's output that carry its scores.
+fn scores(text: &str) -> String {
+    text.lines()
+        .filter(|l| {
+            (l.starts_with("golden-shadow") && !l.contains(": worst probability"))
+                || l.contains("outside the bf16 band")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
+    if kit().is_none() {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    // The `selected` profile's media goldens are scored and reported, not held to the band: its
+    // bfp8_b vision tower leaves it on the CPU mesh too (img_wide_1024x96_text: 0.061), and
+    // tests/media.rs holds only the bf16 profile's media goldens to it.
+    let (ok, text) = run_child(
+        "bf16:goldens,goldens-media;selected:goldens,goldens-media~",
+        None,
+    );
+    eprintln!("{}", scores(&text));
+    assert!(ok, "the golden-shadow run failed:\n{text}");
+    eprintln!(
+        "golden-shadow: both profiles scored in {:.0} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// A convention change in the mapping that the host backend could not see moves the answers
+/// out of the band: the delta rule's log-decay with the wrong sign (g >= 0: the state grows
+/// without bound, the answers become NaN) and, with finite answers, the zero-centred norms'
+/// raw weight w where ttnn's rms_norm needs 1 + w (golden/mutate.py).
+#[test]
+fn a_changed_op_convention_leaves_the_band() {
+    if kit().is_none() {
+        return;
+    }
+    for mutation in ["gate_sign", "raw_gamma"] {
+        let (ok, text) = run_child("bf16:goldens", Some(mutation));
+        eprintln!("{mutation}: {}", scores(&text));
+        assert!(
+            !ok,
+            "with the mutation {mutation} the goldens still passed:\n{text}"
+        );
+        assert!(
+            text.contains("outside the bf16 band"),
+            "the run with the mutation {mutation} failed otherwise than by its answers:\n{text}"
+        );
+    }
+}
+
+/// Whether the reference's top two logits tie at bf16 resolution (within one ulp).
+fn tied(logits: &[f64]) -> bool {
+    let mut l = logits.to_vec();
+    l.sort_by(|a, b| b.partial_cmp(a).unwrap());
+    if l.len() < 2 {
+        return false;
+    }
+    let m = l[0].abs().max(l[1].abs());
+    let ulp = if m > 0.0 {
+        2f64.powi(m.log2().floor() as i32 - 7)
+    } else {
+        0.0
+    };
+    l[0] - l[1] <= ulp
+}
+
+fn argmax(v: &[f64]) -> usize {
+    (0..v.len())
+        .max_by(|&a, &b| v[a].partial_cmp(&v[b]).unwrap_or(std::cmp::Ordering::Less))
+        .unwrap_or(0)
+}
+
+/// Every `status: ok` golden of `dir` through `pipeline`: (records, worst difference, failures);
+/// `first_failure` stops after the first record outside the band.
+fn score<B: clef_device::MeshOps>(
+    pipeline: &clef_tt::engine::Pipeline<B>,
+    dir: &str,
+    label: &str,
+    first_failure: bool,
+) -> (usize, f64, Vec<String>) {
+    let requests = jsonl(dir, "requests.jsonl");
+    let (mut answered, mut worst, mut failures) = (0, 0.0f64, Vec::new());
+    for exp in jsonl(dir, "expected_bf16.jsonl") {
+        let id = exp["id"].as_str().unwrap();
+        if exp["entry"] != "systemone" || exp["status"] != "ok" {
+            continue;
+        }
+        let req = requests.iter().find(|r| r["id"] == exp["id"]).unwrap();
+        let rule = LengthRule::Reference {
+            max_length: exp["max_length"].as_u64().unwrap() as usize,
+        };
+        let d = pipeline
+            .decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None)
+            .unwrap_or_else(|e| panic!("{label} {id}: {e}"));
+        assert_eq!(
+            serde_json::json!(d.record.input_ids),
+            exp["input_ids"],
+            "{label} {id}"
+        );
+        let mut here = 0.0f64;
+        for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
+            let want: Vec<f64> = q["probabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            let got: Vec<f64> = d.probabilities[k].iter().map(|&p| f64::from(p)).collect();
+            assert_eq!(got.len(), want.len(), "{label} {id} q{k}");
+            let mut qdiff = 0.0f64;
+            for (a, b) in got.iter().zip(&want) {
+                let diff = (a - b).abs();
+                qdiff = qdiff.max(if diff.is_nan() { f64::INFINITY } else { diff });
+            }
+            here = here.max(qdiff);
+            if qdiff > BAND {
+                failures.push(format!(
+                    "{label} {id} {}: {got:.4?} vs {want:.4?} outside the bf16 band",
+                    q["question_id"]
+                ));
+            }
+            let logits: Vec<f64> = q["logits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            // question_type 0 is noul: its answer is the value, checked by the band above.
+            if q["question_type"] != 0 && !tied(&logits) && argmax(&got) != argmax(&want) {
+                failures.push(format!(
+                    "{label} {id} {}: top option {} vs the reference's {} (outside the bf16 \
+                     band's answers)",
+                    q["question_id"],
+                    q["option_ids"][argmax(&got)],
+                    q["option_ids"][argmax(&want)]
+                ));
+            }
+        }
+        println!("golden-shadow {label} {id}: worst probability difference {here:.4}");
+        worst = worst.max(here);
+        answered += 1;
+        if first_failure && !failures.is_empty() {
+            break;
+        }
+    }
+    (answered, worst, failures)
+}
+
+/// The child's body (see the module docs): `CLEF_TT_GOLDEN_CHILD` is `PROFILE:DIR,DIR;...`, a
+/// DIR ending in `~` scored and reported but not held to the band. Fails at the end if any
+/// golden held to the band was outside it (with a mutation: at the first).
+#[test]
+fn child_scores_the_goldens() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let mutated = std::env::var_os("CLEF_TT_GOLDEN_MUTATE").is_some();
+    let shim = Shim::load(Some(Path::new(tt_metal_sys::TTNN_SHIM))).unwrap();
+    let mut failures = Vec::new();
+    'profiles: for group in spec.split(';') {
+        let (profile, dirs) = group.split_once(':').unwrap();
+        let t0 = std::time::Instant::now();
+        let pipeline = common::profile_pipeline_on(profile, |n| {
+            TtMesh::open(&shim, MeshPlacement::direct(MeshShape::PAIR), n).unwrap()
+        });
+        for dir in dirs.split(',') {
+            let (dir, held) = match dir.strip_suffix('~') {
+                Some(d) => (d, false),
+                None => (dir, true),
+            };
+            let set = dir.trim_start_matches("goldens").trim_start_matches('-');
+            let label = format!("{profile} {}", if set.is_empty() { "text" } else { set });
+            let (answered, worst, bad) =
+                score(&pipeline, &format!("tiny-clef/{dir}"), &label, mutated);
+            println!(
+                "golden-shadow {label}: {answered} records, worst probability difference \
+                 {worst:.4}, {} outside the band{}",
+                bad.len(),
+                if held {
+                    ""
+                } else {
+                    " (reported, not held to the band)"
+                }
+            );
+            if held {
+                failures.extend(bad);
+            } else {
+                for b in &bad {
+                    println!("golden-shadow (reported) {b}");
+                }
+            }
+            if mutated && !failures.is_empty() {
+                break 'profiles;
+            }
+        }
+        println!(
+            "golden-shadow {profile}: scored in {:.0} s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let shown: Vec<&String> = failures.iter().take(12).collect();
+    assert!(
+        failures.is_empty(),
+        "{} answers outside the bf16 band, the first:\n{}",
+        failures.len(),
+        shown
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
