@@ -34,12 +34,14 @@ const TTNN: [&str; 2] = ["ttnn/interpreter.cpp", "ttnn/python_backend.cpp"];
 const PACKAGE: &str = "ttnn/clef_tt_ttnn";
 
 /// The host shim is built for the machine that builds it (`-march=native`: it is a test and
-/// bring-up backend, not a redistributable); `-ffp-contract=off` keeps its roundings the same
-/// on every CPU (no fused multiply-adds), so only its speed depends on the machine.
-const FLAGS: [&str; 9] = [
+/// bring-up backend, not a redistributable) but without AVX-512, which valgrind (CI runs the
+/// shim under memcheck) cannot execute; `-ffp-contract=off` keeps its roundings the same on
+/// every CPU (no fused multiply-adds), so only its speed depends on the machine.
+const FLAGS: [&str; 10] = [
     "-std=c++20",
     "-O3",
     "-march=native",
+    "-mno-avx512f",
     "-ffp-contract=off",
     "-fPIC",
     "-Wall",

@@ -4,7 +4,9 @@
 //! widened in registers, bfp panels decoded once per block into f32 rows) and apply the same
 //! fidelity truncation and bf16 accumulation as the AVX-512 kernels, lane for lane.
 
-use super::{decode_rows_portable, Decoder, Engine, Kernel, Packing, TileJob, Weights, PANEL};
+use super::{
+    decode_rows_portable, Decoder, Engine, Kernel, Packing, Tile, TileJob, Weights, PANEL,
+};
 use std::arch::x86_64::*;
 
 /// Outputs of one tile: two vectors of 8.
@@ -29,22 +31,6 @@ pub(super) const KERNEL: Kernel = Kernel {
 const SRC_F32: u8 = 0;
 /// bf16 channel pairs (rows of `PANEL` words), widened in registers.
 const SRC_PAIRS: u8 = 1;
-
-/// One register tile's operands.
-struct Tile {
-    engine: Engine,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    /// Row stride of `b` in elements.
-    ldb: usize,
-    kc: usize,
-    c: *mut f32,
-    ldc: usize,
-    /// Valid outputs of the tile (1..=16).
-    cols: usize,
-    accumulate: bool,
-}
 
 /// Lane masks of the tile's two vectors for `cols` valid outputs.
 // Forced inline and no feature attribute of its own (the helpers below too): it is only

@@ -4,7 +4,7 @@
 //! code once per block of input channels; the fidelity and accumulation imitation in registers.
 //! Also the small dense products of attention and the delta rule.
 
-use super::{BlockPanel, Decoder, Engine, Kernel, Packing, TileJob, Weights, PANEL};
+use super::{BlockPanel, Decoder, Engine, Kernel, Packing, Tile, TileJob, Weights, PANEL};
 use crate::formats::BlockFormat;
 use std::arch::x86_64::*;
 
@@ -27,21 +27,6 @@ pub(super) const KERNEL: Kernel = Kernel {
 const SRC_F32: u8 = 0;
 /// bf16 channel pairs, widened in registers.
 const SRC_PAIRS: u8 = 1;
-
-/// One register tile's operands.
-struct Tile {
-    engine: Engine,
-    a: *const f32,
-    a_rs: usize,
-    a_cs: usize,
-    /// Row stride of `b` in elements (f32 rows).
-    ldb: usize,
-    kc: usize,
-    c: *mut f32,
-    ldc: usize,
-    cols: usize,
-    accumulate: bool,
-}
 
 /// One tile of the blocked product.
 #[target_feature(enable = "avx512f")]
@@ -236,15 +221,41 @@ unsafe fn tile<const M: usize, const SRC: u8, const PACKED_A: bool>(t: &Tile, b:
             }
         }
     }
-    let (mask_lo, mask_hi) = masks;
+    let out = Out {
+        c: t.c,
+        ldc: t.ldc,
+        masks,
+        add: t.accumulate && !carry_in,
+        round: t.engine.round_accumulators,
+    };
+    store(lo, hi, &out);
+}
+
+/// Where and how a tile's accumulators go.
+pub(super) struct Out {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub masks: (__mmask16, __mmask16),
+    /// Add the earlier blocks' sum already in `c`.
+    pub add: bool,
+    /// Round to bf16 (a bf16 destination).
+    pub round: bool,
+}
+
+/// The rows of a tile's accumulators (`lo`: outputs 0..16, `hi`: 16..32) into `out.c`.
+// Forced inline, by value and without a feature attribute of its own: only ever inlined into
+// an AVX-512 tile (taking the accumulators by reference kept them on the stack in the loop).
+#[inline(always)]
+pub(super) unsafe fn store<const M: usize>(lo: [__m512; M], hi: [__m512; M], out: &Out) {
+    let (mask_lo, mask_hi) = out.masks;
     for r in 0..M {
-        let row = t.c.add(r * t.ldc);
+        let row = out.c.add(r * out.ldc);
         let (mut vl, mut vh) = (lo[r], hi[r]);
-        if t.accumulate && !carry_in {
+        if out.add {
             vl = _mm512_add_ps(vl, _mm512_maskz_loadu_ps(mask_lo, row));
             vh = _mm512_add_ps(vh, _mm512_maskz_loadu_ps(mask_hi, row.add(16)));
         }
-        if t.engine.round_accumulators {
+        if out.round {
             vl = round_bf16(vl);
             vh = round_bf16(vh);
         }

@@ -4,7 +4,7 @@
 //! weights (bfp panels decoded to bf16 pairs once per block: their values are bf16-exact)
 //! when the activations are bf16. `bf16_dot.rs` holds its arithmetic in portable code.
 
-use super::avx512::{decode_channel, masks, round_bf16};
+use super::avx512::{decode_channel, masks, round_bf16, store, Out};
 use super::bf16_dot::{KC, MR};
 use super::panels::pairs;
 use super::{BlockPanel, Decoder, Kernel, Packing, TileJob, Weights, PANEL};
@@ -90,20 +90,14 @@ unsafe fn tile<const M: usize>(job: &TileJob, b: *const u32) {
             }
         }
     }
-    for r in 0..M {
-        let row = job.c.add(r * job.ldc);
-        let (mut vl, mut vh) = (lo[r], hi[r]);
-        if job.accumulate && !carry_in {
-            vl = _mm512_add_ps(vl, _mm512_maskz_loadu_ps(mask_lo, row));
-            vh = _mm512_add_ps(vh, _mm512_maskz_loadu_ps(mask_hi, row.add(16)));
-        }
-        if job.engine.round_accumulators {
-            vl = round_bf16(vl);
-            vh = round_bf16(vh);
-        }
-        _mm512_mask_storeu_ps(row, mask_lo, vl);
-        _mm512_mask_storeu_ps(row.add(16), mask_hi, vh);
-    }
+    let out = Out {
+        c: job.c,
+        ldc: job.ldc,
+        masks: (mask_lo, mask_hi),
+        add: job.accumulate && !carry_in,
+        round: job.engine.round_accumulators,
+    };
+    store(lo, hi, &out);
 }
 
 /// 32 bf16 (16 pairs) as the instruction's operand type.

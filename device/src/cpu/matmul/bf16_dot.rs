@@ -10,7 +10,7 @@
 //! results flushed to zero (FTZ); MXCSR is neither read nor written. A bf16 product is exact
 //! in f32, so each step rounds once.
 
-use super::panels::{decode_block_rows, pairs, rows_to_pairs};
+use super::panels::{pairs, rows_to_pairs};
 use super::{BlockPanel, TileJob, Weights, PANEL};
 #[cfg(test)]
 use super::{Decoder, Kernel, Packing};
@@ -91,15 +91,7 @@ unsafe fn tile_job(job: &TileJob) {
 #[cfg_attr(not(test), allow(dead_code))]
 unsafe fn decode_pairs(panel: &BlockPanel, k0: usize, kc: usize, out: &mut [u32]) {
     let mut rows = vec![0.0f32; kc * PANEL];
-    decode_block_rows(
-        panel.format,
-        panel.tiles,
-        panel.tiles_per_row,
-        panel.p,
-        k0,
-        kc,
-        &mut rows,
-    );
+    panel.decode_rows(k0, kc, &mut rows);
     rows_to_pairs(&rows, kc, out);
 }
 

@@ -94,6 +94,23 @@ pub(super) struct TileJob {
     pub engine: Engine,
 }
 
+/// One register tile of the f32 FMA kernels with any strides for `a` (the small dense products)
+/// or a packed token block.
+pub(super) struct Tile {
+    pub engine: Engine,
+    pub a: *const f32,
+    pub a_rs: usize,
+    pub a_cs: usize,
+    /// Row stride of `b` in elements.
+    pub ldb: usize,
+    pub kc: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+    /// Valid outputs of the tile.
+    pub cols: usize,
+    pub accumulate: bool,
+}
+
 /// A register-tiled kernel of one ISA.
 #[derive(Clone, Copy)]
 pub(super) struct Kernel {
@@ -472,17 +489,24 @@ unsafe fn unit(
     }
 }
 
-/// [`panels::decode_block_rows`] as a kernel's decoder (CPUs without a vector decoder).
+impl BlockPanel<'_> {
+    /// Channels `k0..k0 + kc` as f32 rows `[kc, PANEL]` (any CPU).
+    fn decode_rows(&self, k0: usize, kc: usize, out: &mut [f32]) {
+        panels::decode_block_rows(
+            self.format,
+            self.tiles,
+            self.tiles_per_row,
+            self.p,
+            k0,
+            kc,
+            out,
+        );
+    }
+}
+
+/// [`BlockPanel::decode_rows`] as a kernel's decoder (CPUs without a vector decoder).
 unsafe fn decode_rows_portable(panel: &BlockPanel, k0: usize, kc: usize, out: &mut [f32]) {
-    panels::decode_block_rows(
-        panel.format,
-        panel.tiles,
-        panel.tiles_per_row,
-        panel.p,
-        k0,
-        kc,
-        out,
-    );
+    panel.decode_rows(k0, kc, out);
 }
 
 /// The block loops of a small product `[m, k] · [k, n]` shared by the ISA kernels: for every

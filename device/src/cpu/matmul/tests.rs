@@ -7,6 +7,14 @@ use crate::formats::TileFormat;
 use crate::{HostWeight, SharedBytes, WeightFormat};
 use half::bf16;
 
+/// Every weight format.
+const FORMATS: [WeightFormat; 4] = [
+    WeightFormat::F32,
+    WeightFormat::Bf16,
+    WeightFormat::Bfp8,
+    WeightFormat::Bfp4,
+];
+
 fn naive(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut y = vec![0.0; rows * n];
     for r in 0..rows {
@@ -169,12 +177,7 @@ fn a_bf16_destination_rounds_the_running_sum_every_32_channels() {
 fn packed_weights_round_trip_through_bytes() {
     let (n, k) = (70, 45);
     let w = ragged(n * k, 9);
-    for format in [
-        WeightFormat::F32,
-        WeightFormat::Bf16,
-        WeightFormat::Bfp8,
-        WeightFormat::Bfp4,
-    ] {
+    for format in FORMATS {
         let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
         let bytes = packed.to_bytes();
         assert_eq!(bytes.len(), packed.bytes());
@@ -302,12 +305,7 @@ fn every_isa_kernel_equals_the_portable_path() {
         for &(rows, n, k) in &shapes {
             let x = ragged(rows * k, 3);
             let w = ragged(n * k, 5);
-            for format in [
-                WeightFormat::F32,
-                WeightFormat::Bf16,
-                WeightFormat::Bfp8,
-                WeightFormat::Bfp4,
-            ] {
+            for format in FORMATS {
                 let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
                 for num in numerics.iter().filter(|num| applies(kernel, format, num)) {
                     let fast = linear_on(Some(kernel), &x, rows, &packed, num);
@@ -460,12 +458,7 @@ fn the_bf16_dot_kernel_is_chosen_only_for_bf16_operands() {
         bf16_activations: true,
         ..Numerics::default()
     };
-    for format in [
-        WeightFormat::F32,
-        WeightFormat::Bf16,
-        WeightFormat::Bfp8,
-        WeightFormat::Bfp4,
-    ] {
+    for format in FORMATS {
         let packed = PackedWeight::pack(&HostWeight::f32(n, k, w.clone()), format);
         for num in [&f32_activations, &bf16] {
             if let Some(kernel) = kernel_for(&packed, num) {

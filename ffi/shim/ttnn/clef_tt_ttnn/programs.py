@@ -63,12 +63,10 @@ def matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile, out
             + per_core_m * per_core_n * (out_tile + 4096))
 
 
-def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
-    """The port's 2-D prefill program config for [m, k] x [k, n]; None (ttnn's own choice) for
-    single-tile m, or when no in0_block_w keeps its circular buffers within MATMUL_CB_BUDGET
-    (very wide outputs such as a fused gate|up of 17408 columns per device)."""
-    if m <= TILE_SIZE:
-        return None
+def matmul_blocks(m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
+    """The port's 2-D prefill blocking of [m, k] x [k, n] (m > one tile): dict of cols, rows,
+    per_core_m, per_core_n, in0_block_w (None when no in0_block_w keeps the circular buffers
+    within MATMUL_CB_BUDGET) and cb_bytes (the estimate at the chosen in0_block_w, else at 1)."""
     m_tiles = math.ceil(m / TILE_SIZE)
     k_tiles = math.ceil(k / TILE_SIZE)
     n_tiles = math.ceil(n / TILE_SIZE)
@@ -77,18 +75,33 @@ def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2
     per_core_m = max(1, math.ceil(m_tiles / grid_y))
     per_core_n = max(1, math.ceil(n_tiles / cols))
     cap = min(4, max(1, k_tiles // cols))
+    out = dict(cols=cols, rows=grid_y, per_core_m=per_core_m, per_core_n=per_core_n,
+               in0_block_w=None,
+               cb_bytes=matmul_cb_bytes(per_core_m, per_core_n, 1, in0_tile, in1_tile, out_tile))
     for in0_block_w in range(cap, 0, -1):
         if k_tiles % in0_block_w:
             continue
-        if matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile,
-                           out_tile) <= MATMUL_CB_BUDGET:
+        cb = matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile, out_tile)
+        if cb <= MATMUL_CB_BUDGET:
+            out.update(in0_block_w=in0_block_w, cb_bytes=cb)
             break
-    else:
+    return out
+
+
+def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
+    """The port's 2-D prefill program config for [m, k] x [k, n]; None (ttnn's own choice) for
+    single-tile m, or when no in0_block_w keeps its circular buffers within MATMUL_CB_BUDGET
+    (very wide outputs such as a fused gate|up of 17408 columns per device)."""
+    if m <= TILE_SIZE:
+        return None
+    b = matmul_blocks(m, k, n, grid, in0_tile, in1_tile, out_tile)
+    if b["in0_block_w"] is None:
         return None
     return ttnn.MatmulMultiCoreReuseMultiCastProgramConfig(
-        compute_with_storage_grid_size=(cols, grid_y), in0_block_w=in0_block_w,
-        out_subblock_h=1, out_subblock_w=_subblock_w(per_core_n), per_core_M=per_core_m,
-        per_core_N=per_core_n, transpose_mcast=False, fused_activation=None, fuse_batch=False)
+        compute_with_storage_grid_size=(b["cols"], b["rows"]), in0_block_w=b["in0_block_w"],
+        out_subblock_h=1, out_subblock_w=_subblock_w(b["per_core_n"]),
+        per_core_M=b["per_core_m"], per_core_N=b["per_core_n"], transpose_mcast=False,
+        fused_activation=None, fuse_batch=False)
 
 
 def lowbit(n):

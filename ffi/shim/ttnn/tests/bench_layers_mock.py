@@ -7,7 +7,12 @@ packed tiles) in the stage-1 profile's dtypes, and prints, per layer kind and ch
 ttnn calls and the host time of a call with cached programs (fastest of 3), then a 64-layer
 estimate (16 attention + 48 DeltaNet layers). Device time is not modelled (mock mode).
 
-    source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && $TT_MOCK_PY .../bench_layers_mock.py [T ...]
+`Bench` is also the layer definition of ops_at_scale_mock.py: every ABI op of a layer goes through
+`Bench.op(label, fn, *args)` (a plain call here; that script captures each one with ttnn's graph
+capture), weights can be random (`Bench(seed=...)`), and `vision_block` runs one block of Clef
+27B's vision tower (vision/src/tower/mod.rs) at its TP=2 per-device shapes.
+
+    source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && $CLEF_TT_PYTHON .../bench_layers_mock.py [T ...]
 """
 import os
 import sys
@@ -20,39 +25,92 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import clef_tt_ttnn as ct  # noqa: E402
 from clef_tt_ttnn import Meta  # noqa: E402
 from clef_tt_ttnn.meta import (ACTIVATION, MATRIX, VECTOR, REPLICATED, SHARDED,  # noqa: E402
-                               PARTIAL, F32, BF16, BFP8_B, TILE, ROW_MAJOR, HIFI2,
-                               stored_bytes)
+                               PARTIAL, F32, BF16, BFP8_B, TILE, ROW_MAJOR, HIFI2, GELU_TANH,
+                               stored_bytes, tile_bytes)
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, ROT = 5120, 12, 2, 256, 64
 NK, NV, DK, DV, KERNEL = 8, 24, 128, 128, 4
 FFN = 8704
 EPS = 1e-6
 CFG = dict(fidelity=HIFI2, fp32_dest_acc=1, bf16_activations=1, packer_l1_acc=0)
+# Clef 27B's vision tower per device at TP=2 (clef_tt::random::CLEF_27B_VISION: hidden 1152,
+# 16 heads of 72, MLP 4304; vision/src/tower/plan.rs: qkv and fc1 column-parallel, proj and fc2
+# row-parallel), matrices bf16 as the selected profile holds them.
+V_HIDDEN, V_HEADS, V_DIM, V_FFN = 1152, 8, 72, 2152
+V_EPS = 1e-6
 
 
 class Bench:
-    def __init__(self):
+    def __init__(self, seed=None):
+        """seed None: weights of zero bytes; else random weights (seeded): matrices of random
+        values (bf16 ~ N(0, 0.02), bfp8_b tiles of random codes under a 2^-7 exponent), vectors
+        N(0, 0.02) (norm gains about 1), activations N(0, 1)."""
+        self.rng = None if seed is None else np.random.default_rng(seed)
         self.b = ct.Backend()
         self.m = self.b.open(dict(cols=2, parent_cols=0, submesh_offset=0, num_command_queues=2,
                                   l1_small_size=24576, trace_region_size=0,
                                   activation_dtype=BF16))
         self.n = self.m.n
+        self._tiles = {}
+
+    def op(self, label, fn, *args):
+        """One ABI op of a layer (`label` names it in reports): a plain call."""
+        return fn(*args)
+
+    def _packed(self, meta):
+        """Packed tile bytes of a random matrix part: a block of random tiles, repeated."""
+        size = stored_bytes(meta)
+        if self.rng is None:
+            return bytes(size)
+        block = self._tiles.get(meta.dtype)
+        if block is None:
+            tiles = 256
+            if meta.dtype == BFP8_B:
+                exps = np.full((tiles, 64), 127 - 7, np.uint8)
+                codes = self.rng.integers(0, 256, (tiles, 1024), dtype=np.uint8)
+                block = np.concatenate([exps, codes], axis=1).tobytes()
+            else:
+                vals = (self.rng.standard_normal(tiles * 1024) * 0.02).astype(np.float32)
+                block = (vals.view(np.uint32) >> 16).astype(np.uint16).tobytes() \
+                    if meta.dtype == BF16 else vals.tobytes()
+            assert len(block) == tiles * tile_bytes(meta.dtype)
+            self._tiles[meta.dtype] = block
+        reps = -(-size // len(block))
+        return (block * reps)[:size]
+
+    def values(self, shape, scale=1.0, center=0.0):
+        if self.rng is None:
+            return np.full(shape, center, np.float32)
+        return (center + scale * self.rng.standard_normal(shape)).astype(np.float32)
 
     def matrix(self, rows, cols, dtype):
         meta = Meta(rows, cols, self.n, dtype, TILE, MATRIX, SHARDED)
-        data = bytes(stored_bytes(meta))
+        data = self._packed(meta)
         return meta, self.m.upload(meta, [data] * self.n)
 
-    def vec(self, k, value=0.0):
-        meta = Meta(k, 1, self.n, F32, ROW_MAJOR, VECTOR, REPLICATED)
-        return meta, self.m.upload(meta, [np.full(k, value, np.float32).tobytes()])
+    def vec(self, k, center=0.0, placement=REPLICATED):
+        meta = Meta(k, 1, self.n, F32, ROW_MAJOR, VECTOR, placement)
+        parts = 1 if placement == REPLICATED else self.n
+        return meta, self.m.upload(meta, [self.values(k, 0.02, center).tobytes()
+                                          for _ in range(parts)])
 
     def act(self, rows, cols, placement=REPLICATED):
         meta = Meta(rows, cols, self.n, F32, TILE, ACTIVATION, placement)
-        return meta, self.m.upload(meta, [np.zeros((rows, cols), np.float32).tobytes()])
+        parts = 1 if placement == REPLICATED else self.n
+        return meta, self.m.upload(meta, [self.values((rows, cols)).tobytes()
+                                          for _ in range(parts)])
 
     def res(self, obj, rows, cols, placement):
         return Meta(rows, cols, self.n, F32, TILE, ACTIVATION, placement), obj
+
+    def positions(self, start, t):
+        """The core's rope tables (rows, half, cos bytes, sin bytes) for positions start.. of a
+        text chunk (plain 1-D angles; the values do not matter to ttnn)."""
+        half = ROT // 2
+        ang = np.arange(start, start + t, dtype=np.float64)[:, None] * \
+            (1e7 ** (-np.arange(half) / half))[None, :]
+        return (t, half, np.cos(ang).astype(np.float32).tobytes(),
+                np.sin(ang).astype(np.float32).tobytes())
 
     def weights(self):
         w = {}
@@ -70,59 +128,112 @@ class Bench:
         return w
 
     def mlp(self, w, h, t):
-        m = self.m
-        x = self.res(m.rms_norm(h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED)
-        gu = self.res(m.linear(x, w["gu"], CFG), t, 2 * FFN, SHARDED)
-        act = self.res(m.swiglu(gu), t, FFN, SHARDED)
-        down = self.res(m.linear(act, w["down"], CFG), t, HIDDEN, PARTIAL)
-        down = self.res(m.all_reduce(down), t, HIDDEN, REPLICATED)
-        return self.res(m.add(h, down), t, HIDDEN, REPLICATED)
+        m, op = self.m, self.op
+        x = self.res(op("rms_norm (post)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
+                     REPLICATED)
+        gu = self.res(op("linear gate|up", m.linear, x, w["gu"], CFG), t, 2 * FFN, SHARDED)
+        act = self.res(op("swiglu", m.swiglu, gu), t, FFN, SHARDED)
+        down = self.res(op("linear down", m.linear, act, w["down"], CFG), t, HIDDEN, PARTIAL)
+        down = self.res(op("all_reduce", m.all_reduce, down), t, HIDDEN, REPLICATED)
+        return self.res(op("add (residual)", m.add, h, down), t, HIDDEN, REPLICATED)
 
     def attention(self, w, h, t, cache, positions):
-        m = self.m
-        x = self.res(m.rms_norm(h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED)
-        fused = self.res(m.linear(x, w["qkv"], CFG), t, w["qkv"][0].cols, SHARDED)
+        m, op = self.m, self.op
+        x = self.res(op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
+                     REPLICATED)
+        fused = self.res(op("linear qkv|gate", m.linear, x, w["qkv"], CFG), t,
+                         w["qkv"][0].cols, SHARDED)
+        widths = (2 * HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM)
         qg, k, v = [self.res(p, t, c, SHARDED) for p, c in zip(
-            m.split_cols(fused, [2 * HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM]),
-            (2 * HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM))]
+            op("split_cols", m.split_cols, fused, list(widths)), widths)]
         q, gate = [self.res(p, t, HEADS * HEAD_DIM, SHARDED)
-                   for p in m.split_query_gate(qg, HEADS, HEAD_DIM)]
-        q = self.res(m.rms_norm(q, w["qn"], HEAD_DIM, EPS, 1), t, HEADS * HEAD_DIM, SHARDED)
-        k = self.res(m.rms_norm(k, w["kn"], HEAD_DIM, EPS, 1), t, KV_HEADS * HEAD_DIM, SHARDED)
-        q = self.res(m.rope(q, positions, HEADS, HEAD_DIM), t, HEADS * HEAD_DIM, SHARDED)
-        k = self.res(m.rope(k, positions, KV_HEADS, HEAD_DIM), t, KV_HEADS * HEAD_DIM, SHARDED)
-        start = 0 if cache is None else cache[0][0].rows
-        keys = self.res(m.append_rows(None if cache is None else cache[0], k, KV_HEADS),
-                        start + t, KV_HEADS * HEAD_DIM, SHARDED)
-        vals = self.res(m.append_rows(None if cache is None else cache[1], v, KV_HEADS),
-                        start + t, KV_HEADS * HEAD_DIM, SHARDED)
-        o = self.res(m.causal_attention(q, keys, vals, HEADS, KV_HEADS, HEAD_DIM), t,
+                   for p in op("split_query_gate", m.split_query_gate, qg, HEADS, HEAD_DIM)]
+        q = self.res(op("rms_norm q", m.rms_norm, q, w["qn"], HEAD_DIM, EPS, 1), t,
                      HEADS * HEAD_DIM, SHARDED)
-        g = self.res(m.mul_sigmoid(o, gate), t, HEADS * HEAD_DIM, SHARDED)
-        out = self.res(m.linear(g, w["o"], CFG), t, HIDDEN, PARTIAL)
-        out = self.res(m.all_reduce(out), t, HIDDEN, REPLICATED)
-        return self.res(m.add(h, out), t, HIDDEN, REPLICATED), (keys, vals)
+        k = self.res(op("rms_norm k", m.rms_norm, k, w["kn"], HEAD_DIM, EPS, 1), t,
+                     KV_HEADS * HEAD_DIM, SHARDED)
+        q = self.res(op("rope q", m.rope, q, positions, HEADS, HEAD_DIM), t, HEADS * HEAD_DIM,
+                     SHARDED)
+        k = self.res(op("rope k", m.rope, k, positions, KV_HEADS, HEAD_DIM), t,
+                     KV_HEADS * HEAD_DIM, SHARDED)
+        start = 0 if cache is None else cache[0][0].rows
+        keys = self.res(op("append_rows K", m.append_rows, None if cache is None else cache[0],
+                           k, KV_HEADS), start + t, KV_HEADS * HEAD_DIM, SHARDED)
+        vals = self.res(op("append_rows V", m.append_rows, None if cache is None else cache[1],
+                           v, KV_HEADS), start + t, KV_HEADS * HEAD_DIM, SHARDED)
+        o = self.res(op("causal_attention", m.causal_attention, q, keys, vals, HEADS, KV_HEADS,
+                        HEAD_DIM), t, HEADS * HEAD_DIM, SHARDED)
+        g = self.res(op("mul_sigmoid", m.mul_sigmoid, o, gate), t, HEADS * HEAD_DIM, SHARDED)
+        out = self.res(op("linear o_proj", m.linear, g, w["o"], CFG), t, HIDDEN, PARTIAL)
+        out = self.res(op("all_reduce", m.all_reduce, out), t, HIDDEN, REPLICATED)
+        return self.res(op("add (residual)", m.add, h, out), t, HIDDEN, REPLICATED), (keys, vals)
 
     def delta(self, w, h, t, state):
-        m = self.m
+        m, op = self.m, self.op
         kd, vd = NK * DK, NV * DV
-        x = self.res(m.rms_norm(h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED)
-        fused = self.res(m.linear(x, w["in"], CFG), t, w["in"][0].cols, SHARDED)
+        x = self.res(op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
+                     REPLICATED)
+        fused = self.res(op("linear in_proj", m.linear, x, w["in"], CFG), t, w["in"][0].cols,
+                         SHARDED)
         widths = [2 * kd + vd, vd, NV, NV]
-        qkv, z, b, a = [self.res(p, t, c, SHARDED) for p, c in zip(m.split_cols(fused, widths),
-                                                                   widths)]
-        conv, carry = m.causal_conv1d_silu(qkv, w["conv"], None if state is None else state[0],
-                                           KERNEL)
+        qkv, z, b, a = [self.res(p, t, c, SHARDED) for p, c in zip(
+            op("split_cols", m.split_cols, fused, widths), widths)]
+        conv, carry = op("causal_conv1d_silu", m.causal_conv1d_silu, qkv, w["conv"],
+                         None if state is None else state[0], KERNEL)
         conv, carry = self.res(conv, t, 2 * kd + vd, SHARDED), self.res(carry, KERNEL - 1,
                                                                        2 * kd + vd, SHARDED)
-        g, beta = [self.res(p, t, NV, SHARDED) for p in m.delta_gates(a, b, w["alog"], w["dt"])]
+        g, beta = [self.res(p, t, NV, SHARDED)
+                   for p in op("delta_gates", m.delta_gates, a, b, w["alog"], w["dt"])]
         spec = dict(key_heads=NK, value_heads=NV, key_dim=DK, value_dim=DV)
-        core, s = m.gated_delta_rule(conv, g, beta, None if state is None else state[1], spec)
+        core, s = op("gated_delta_rule", m.gated_delta_rule, conv, g, beta,
+                     None if state is None else state[1], spec)
         core, s = self.res(core, t, vd, SHARDED), self.res(s, NV * DK, DV, SHARDED)
-        normed = self.res(m.gated_rms_norm(core, z, w["gnorm"], DV, EPS), t, vd, SHARDED)
-        out = self.res(m.linear(normed, w["out"], CFG), t, HIDDEN, PARTIAL)
-        out = self.res(m.all_reduce(out), t, HIDDEN, REPLICATED)
-        return self.res(m.add(h, out), t, HIDDEN, REPLICATED), (carry, s)
+        normed = self.res(op("gated_rms_norm", m.gated_rms_norm, core, z, w["gnorm"], DV, EPS),
+                          t, vd, SHARDED)
+        out = self.res(op("linear out_proj", m.linear, normed, w["out"], CFG), t, HIDDEN,
+                       PARTIAL)
+        out = self.res(op("all_reduce", m.all_reduce, out), t, HIDDEN, REPLICATED)
+        return self.res(op("add (residual)", m.add, h, out), t, HIDDEN, REPLICATED), (carry, s)
+
+    def vision_weights(self):
+        """One vision block's weights as one device holds them (column-parallel biases split)."""
+        w, qkv = {}, 3 * V_HEADS * V_DIM
+        w["ln1"] = (self.vec(V_HIDDEN, 1.0), self.vec(V_HIDDEN))
+        w["ln2"] = (self.vec(V_HIDDEN, 1.0), self.vec(V_HIDDEN))
+        w["qkv"], w["qkv_b"] = self.matrix(V_HIDDEN, qkv, BF16), self.vec(qkv, placement=SHARDED)
+        w["proj"], w["proj_b"] = self.matrix(V_HEADS * V_DIM, V_HIDDEN, BF16), self.vec(V_HIDDEN)
+        w["fc1"], w["fc1_b"] = self.matrix(V_HIDDEN, V_FFN, BF16), self.vec(V_FFN,
+                                                                           placement=SHARDED)
+        w["fc2"], w["fc2_b"] = self.matrix(V_FFN, V_HIDDEN, BF16), self.vec(V_HIDDEN)
+        return w
+
+    def vision_block(self, w, x, p, cos, sin):
+        """One block of the tower's `hidden` (vision/src/tower/mod.rs) over `p` patches of one
+        image (one segment); cos/sin the [p, head_dim] rotary tables (replicated)."""
+        m, op, width = self.m, self.op, V_HEADS * V_DIM
+        h = self.res(op("layer_norm 1", m.layer_norm, x, *w["ln1"], V_EPS), p, V_HIDDEN,
+                     REPLICATED)
+        qkv = self.res(op("linear qkv", m.linear, h, w["qkv"], CFG), p, 3 * width, SHARDED)
+        qkv = self.res(op("add_bias qkv", m.add_bias, qkv, w["qkv_b"]), p, 3 * width, SHARDED)
+        q, k, v = [self.res(t, p, width, SHARDED)
+                   for t in op("split_cols", m.split_cols, qkv, [width] * 3)]
+        q = self.res(op("rotary q", m.rotary, q, cos, sin, V_HEADS, V_DIM), p, width, SHARDED)
+        k = self.res(op("rotary k", m.rotary, k, cos, sin, V_HEADS, V_DIM), p, width, SHARDED)
+        a = self.res(op("segment_attention", m.segment_attention, q, k, v, V_HEADS, V_DIM,
+                        [(0, p)]), p, width, SHARDED)
+        y = self.res(op("linear proj", m.linear, a, w["proj"], CFG), p, V_HIDDEN, PARTIAL)
+        y = self.res(op("all_reduce proj", m.all_reduce, y), p, V_HIDDEN, REPLICATED)
+        y = self.res(op("add_bias proj", m.add_bias, y, w["proj_b"]), p, V_HIDDEN, REPLICATED)
+        x = self.res(op("add (residual 1)", m.add, x, y), p, V_HIDDEN, REPLICATED)
+        h = self.res(op("layer_norm 2", m.layer_norm, x, *w["ln2"], V_EPS), p, V_HIDDEN,
+                     REPLICATED)
+        u = self.res(op("linear fc1", m.linear, h, w["fc1"], CFG), p, V_FFN, SHARDED)
+        u = self.res(op("add_bias fc1", m.add_bias, u, w["fc1_b"]), p, V_FFN, SHARDED)
+        u = self.res(op("gelu (tanh)", m.gelu, u, GELU_TANH), p, V_FFN, SHARDED)
+        y = self.res(op("linear fc2", m.linear, u, w["fc2"], CFG), p, V_HIDDEN, PARTIAL)
+        y = self.res(op("all_reduce fc2", m.all_reduce, y), p, V_HIDDEN, REPLICATED)
+        y = self.res(op("add_bias fc2", m.add_bias, y, w["fc2_b"]), p, V_HIDDEN, REPLICATED)
+        return self.res(op("add (residual 2)", m.add, x, y), p, V_HIDDEN, REPLICATED)
 
     def timed(self, fn, repeats=3):
         """The fastest of `repeats` calls after one that builds and caches the programs (the
@@ -145,8 +256,7 @@ class Bench:
         totals = {}
         for t in lengths:
             h = self.act(t, HIDDEN)
-            ang = np.zeros((t, ROT // 2), np.float32)
-            positions = (t, ROT // 2, np.cos(ang).tobytes(), np.sin(ang).tobytes())
+            positions = self.positions(0, t)
             prev_kv = {}
 
             def attn_second_chunk():
