@@ -51,6 +51,19 @@ fn log_path(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// A server on the mock P150x2 logging to `log`, tt-metal's own log beside it (it opens its
+/// file truncating: sent to the server's log it would cut what came before).
+fn spawn_mock(args: &[&str], env: &[(&str, &str)], log: &Path) -> (Server, String, ureq::Agent) {
+    let p150x2 = descriptor("blackhole_2xP150.yaml");
+    let tt_log = log.with_extension("tt-metal.log").display().to_string();
+    let mut all: Vec<(&str, &str)> = vec![
+        ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
+        ("TT_LOGGER_FILE", tt_log.as_str()),
+    ];
+    all.extend_from_slice(env);
+    spawn_logged(args, &all, log)
+}
+
 #[test]
 fn devices_opens_the_mock_p150_and_p150x2_as_the_port_does() {
     let Some(shim) = kit() else { return };
@@ -154,10 +167,9 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
             (status, structure(&answer))
         })
         .collect();
-    let p150x2 = descriptor("blackhole_2xP150.yaml");
     for profile in ["selected", "bf16"] {
         let log = log_path(&format!("serve-{profile}.log"));
-        let (server, base, agent) = spawn_logged(
+        let (server, base, agent) = spawn_mock(
             &[
                 "--device",
                 "tt",
@@ -168,7 +180,7 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
                 "--precision",
                 profile,
             ],
-            &[("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str())],
+            &[],
             &log,
         );
         // Each request twice in a row: a new state, then the same state again (a prefix-cache
@@ -219,9 +231,8 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
 fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
     let Some(shim) = kit() else { return };
     let log = log_path("serve-refuse.log");
-    let p150x2 = descriptor("blackhole_2xP150.yaml");
     // The dispatcher's test hook: the 3rd ttnn.linear call becomes a product ttnn refuses.
-    let (_server, base, agent) = spawn_logged(
+    let (_server, base, agent) = spawn_mock(
         &[
             "--device",
             "tt",
@@ -232,10 +243,7 @@ fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
             "--warmup",
             "0",
         ],
-        &[
-            ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
-            ("CLEF_TT_TTNN_REFUSE", "linear:3"),
-        ],
+        &[("CLEF_TT_TTNN_REFUSE", "linear:3")],
         &log,
     );
     let body = common::server::triage();

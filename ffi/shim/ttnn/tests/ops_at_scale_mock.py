@@ -24,7 +24,7 @@ used.
 Exits 1 if ttnn refused any op (the TT_FATAL is in its row; CLEF_TT_TTNN_REFUSE=linear:3 shows
 one). Takes about 10 s with the kernel cache ($TT_METAL_CACHE) warm, under 2 minutes cold.
 
-    source /tmp/ttmock/env.sh; export TT_LOGGER_LEVEL=warn TT_LOGGER_FILE=/dev/stderr
+    source /tmp/ttmock/env.sh; export TT_LOGGER_LEVEL=warn TT_LOGGER_FILE=/tmp/tt-metal.log
     cd "$(mktemp -d)" && $CLEF_TT_PYTHON /work/main/ffi/shim/ttnn/tests/ops_at_scale_mock.py \\
         [--plan target/tt/debug/clef-tt] [--md report.md] [--only attention0,...]
 """
