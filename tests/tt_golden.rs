@@ -20,7 +20,7 @@
 //! `CLEF_REQUIRE_TT_GOLDEN=1`, which makes that a failure. One command:
 //!
 //! ```text
-//! source /tmp/ttmock/env.sh   # ffi/ttnn-mock/setup.sh /tmp/ttmock; plus: /tmp/ttmock/venv/bin/pip install torch
+//! source /tmp/ttmock/env.sh   # made by ffi/ttnn-mock/setup.sh --golden /tmp/ttmock (torch too)
 //! CARGO_TARGET_DIR=target/tt cargo test --test tt_golden -- --nocapture
 //! ```
 
@@ -63,8 +63,8 @@ fn kit() -> Option<&'static str> {
             Some(py) => match Command::new(&py).args(["-c", "import torch"]).output() {
                 Ok(out) if out.status.success() => return Some(shim),
                 _ => format!(
-                    "torch does not import in {py} (the golden functions need it: {py} -m pip \
-                     install torch, ~4 GB with its CUDA dependencies)"
+                    "torch does not import in {py} (the golden functions need it: \
+                     ffi/ttnn-mock/setup.sh --golden DIR adds it, ~4 GB with its CUDA packages)"
                 ),
             },
         }

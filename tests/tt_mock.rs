@@ -51,11 +51,16 @@ fn log_path(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// A server on the mock P150x2 logging to `log`, tt-metal's own log beside it (it opens its
-/// file truncating: sent to the server's log it would cut what came before).
+/// tt-metal's own log of the server logging to `log`: beside it (tt-metal opens its file
+/// truncating: sent to the server's log it would cut what came before).
+fn tt_metal_log(log: &Path) -> PathBuf {
+    log.with_extension("tt-metal.log")
+}
+
+/// A server on the mock P150x2 logging to `log`, tt-metal's own log beside it.
 fn spawn_mock(args: &[&str], env: &[(&str, &str)], log: &Path) -> (Server, String, ureq::Agent) {
     let p150x2 = descriptor("blackhole_2xP150.yaml");
-    let tt_log = log.with_extension("tt-metal.log").display().to_string();
+    let tt_log = tt_metal_log(log).display().to_string();
     let mut all: Vec<(&str, &str)> = vec![
         ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
         ("TT_LOGGER_FILE", tt_log.as_str()),
@@ -201,11 +206,20 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
         }
         drop::<Server>(server);
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(
-            !text.contains("TT_FATAL"),
-            "{profile}: a TT_FATAL in {}",
-            log.display()
-        );
+        let tt_log = tt_metal_log(&log);
+        let tt_text = std::fs::read_to_string(&tt_log).unwrap_or_default();
+        for (path, text) in [(&log, &text), (&tt_log, &tt_text)] {
+            assert!(
+                !text.contains("TT_FATAL"),
+                "{profile}: a TT_FATAL in {}",
+                path.display()
+            );
+            assert!(
+                !text.contains("deprecated"),
+                "{profile}: the backend passes ttnn an argument it deprecates: {}",
+                path.display()
+            );
+        }
         assert!(
             !text.contains("panicked"),
             "{profile}: a panic in {}",

@@ -8,7 +8,10 @@
 #            them into ~/.cache/tt-metal-cache, where a real chip would later load them)
 #   env.sh   the environment: source it, then `cargo build` builds libclef_tt_ttnn.so and
 #            `clef-tt devices --device tt` opens the mock P150x2 (hardware: mock)
-# usage: ffi/ttnn-mock/setup.sh DIR && source DIR/env.sh
+# usage: ffi/ttnn-mock/setup.sh [--golden] DIR && source DIR/env.sh
+#   --golden also installs torch (pinned; ~4 GB with the CUDA packages it needs to import, ~1 min
+#   from PyPI) for the golden-shadow mode (CLEF_TT_GOLDEN=1, tests/tt_golden.rs): ttnn's golden
+#   functions are torch code.
 # The cluster descriptors: blackhole_2xP150.yaml (two P150 chips, both on PCIe, four ethernet
 # links between them, the harvest masks P150 boards report) is the default; clef_tt_mock_chips 1
 # (a function env.sh defines) switches to blackhole_P150.yaml (one chip), 2 back.
@@ -16,7 +19,9 @@
 # kernel compile fail (op validation, which comes first, still runs).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-[ $# -eq 1 ] || { echo "usage: $0 DIR" >&2; exit 2; }
+golden=0
+if [ "${1:-}" = --golden ]; then golden=1; shift; fi
+[ $# -eq 1 ] || { echo "usage: $0 [--golden] DIR" >&2; exit 2; }
 dir="$(mkdir -p "$1" && cd "$1" && pwd)"
 py="${TT_MOCK_PYTHON:-}"
 if [ -z "$py" ]; then
@@ -29,6 +34,10 @@ fi
 [ -x "$dir/venv/bin/python" ] || "$py" -m venv "$dir/venv"
 "$dir/venv/bin/python" -c 'import ttnn, pybind11' 2>/dev/null ||
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "ttnn==0.81.1" "pybind11==3.*"
+# The torch the golden-shadow numbers in the README were measured with.
+if [ "$golden" = 1 ] && ! "$dir/venv/bin/python" -c 'import torch' 2>/dev/null; then
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "torch==2.15.0"
+fi
 pkg="$("$dir/venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("ttnn").submodule_search_locations[0])')"
 rt="$dir/rt"
 rm -rf "$rt"

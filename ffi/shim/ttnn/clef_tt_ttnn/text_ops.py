@@ -5,7 +5,8 @@ swiglu, split_query_gate, rope, mul_sigmoid.
   (programs.py); a row-parallel projection (sharded x) leaves f32 partial sums, other results are
   in the activation dtype; `bf16_activations` casts f32 activations to bf16 first.
 - all_reduce: the port's composite all-reduce in f32: `reduce_scatter` then `all_gather` on the
-  last dim over the mesh line (cluster axis 1, `ccl_options`), then the activation dtype.
+  last dim over the mesh line (cluster axis 1; the reduce-scatter with `ccl_options`), then
+  the activation dtype.
 - rms_norm (and gated_rms_norm in delta.py): `ttnn.rms_norm` over the last dim, per group via a
   [1, T, groups, group] view, epsilon as given, the gamma a [1, 1, 1, group] f32 TILE row (1 + w
   for the zero-centred norms, made once per weight), HiFi4 / fp32 accumulation.
@@ -26,9 +27,9 @@ from .programs import kernel_config, matmul_program, precise
 
 
 def ccl_options(ttnn):
-    """The collectives' topology and links: Linear (a P150x2 line) unless CLEF_TT_RING=1 (Ring,
+    """reduce_scatter's topology and links: Linear (a P150x2 line) unless CLEF_TT_RING=1 (Ring,
     as the port ran on a P300x2); CLEF_TT_NUM_LINKS fixes the Ethernet links (2 on a single
-    QSFP-DD cable), else ttnn picks."""
+    QSFP-DD cable), else ttnn picks. (all_gather chooses both itself in ttnn 0.81.)"""
     out = {"topology": ttnn.Topology.Ring if os.environ.get("CLEF_TT_RING") == "1"
            else ttnn.Topology.Linear}
     links = os.environ.get("CLEF_TT_NUM_LINKS", "")
@@ -74,8 +75,10 @@ class TextOps:
             ccl = ccl_options(ttnn)
             scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, x32, 3,
                                      cluster_axis=1, memory_config=self.dram, **ccl)
+            # all_gather takes no topology or links in 0.81 (deprecated and ignored, with a
+            # warning per call): it picks them from the fabric itself.
             total = self.tt.call("all_gather", ttnn.all_gather, scattered, 3, cluster_axis=1,
-                                 memory_config=self.dram, **ccl)
+                                 memory_config=self.dram)
             self.drop(scattered)
             if x32 is not xo.t:
                 self.drop(x32)
