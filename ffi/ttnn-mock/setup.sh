@@ -3,7 +3,8 @@
 # shim's tests (no hardware). Makes, under DIR:
 #   venv/    CPython 3.12 (else 3.10) with ttnn==0.81.1 and pybind11 (the shim's build needs it)
 #   rt/      the runtime root: the installed ttnn package as it is, with
-#            runtime/sfpi/compiler/bin/riscv-tt-elf-g++ the stand-in compiler beside this file
+#            runtime/sfpi/compiler/bin/riscv-tt-elf-g++ running the stand-in compiler beside
+#            this file with the venv's Python
 #   cache/   a private TT_METAL_CACHE (placeholder kernels carry the real cache key: never let
 #            them into ~/.cache/tt-metal-cache, where a real chip would later load them)
 #   env.sh   the environment: source it, then `cargo build` builds libclef_tt_ttnn.so and
@@ -49,7 +50,14 @@ done
 for f in "$pkg"/runtime/*; do
   [ "$(basename "$f")" = sfpi ] || ln -s "$f" "$rt/runtime/$(basename "$f")"
 done
-ln -s "$here/riscv-tt-elf-g++" "$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+# The stand-in runs with the venv's interpreter directly, without site: ttnn calls it a few times
+# per kernel (thousands of times on a cold cache), and through a pyenv shim each call cost ~100 ms
+# instead of ~20.
+cat >"$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++" <<GXX
+#!/bin/sh
+exec "$dir/venv/bin/python" -S -E "$here/riscv-tt-elf-g++" "\$@"
+GXX
+chmod +x "$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
 cat >"$dir/env.sh" <<ENV
 # The mock-device kit's environment (ffi/ttnn-mock/setup.sh).
 export TT_METAL_RUNTIME_ROOT=$rt
