@@ -18,7 +18,9 @@ const HIGHEST: f32 = 88.0;
 #[inline(always)]
 fn exp_one(x: f32) -> f32 {
     let x = x.clamp(LOWEST, HIGHEST);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    // `shifted` is 1.5 · 2^23 + n exactly (its ulp is 1), so n is also in its low bits.
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_2e-3;
@@ -27,9 +29,12 @@ fn exp_one(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    // `n` is in [-126, 127] after the clamp; the wrapping add keeps an overflow check (debug
-    // and test builds) out of the loop, which would otherwise stay scalar there.
-    y * f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23)
+    // 2^n from those bits, not from `n as i32`: Rust's saturating float-to-int conversion is
+    // compiled one lane at a time (with NaN checks), which made this loop mostly scalar. `n` is
+    // in [-126, 127] after the clamp; wrapping ops keep overflow checks (debug and test builds)
+    // out of the loop.
+    let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+    y * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 #[inline(always)]
@@ -84,6 +89,22 @@ mod tests {
             assert!(
                 (f64::from(*g) - want).abs() <= 2.0 * ulp,
                 "exp({x}) = {g}, want {want}"
+            );
+        }
+    }
+
+    /// The exponent taken from the shifted sum's bits is the rounded `n` itself, for every `n`
+    /// the clamp allows.
+    #[test]
+    fn the_shifted_bits_hold_the_rounded_exponent() {
+        for i in -2_000_000..=2_000_000 {
+            let x = (i as f32 * 4.4e-5).clamp(LOWEST, HIGHEST);
+            let shifted = x * LOG2E + ROUND;
+            let n = shifted - ROUND;
+            assert_eq!(
+                shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32,
+                n as i32,
+                "x = {x}"
             );
         }
     }
