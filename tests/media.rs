@@ -390,12 +390,7 @@ fn answer_goldens<B: MeshOps>(pipeline: &Pipeline<B>, expected: &str, png: f64, 
             .iter()
             .zip(expected["questions"].as_array().unwrap())
         {
-            let want: Vec<f64> = want["probabilities"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
+            let want = common::expected_probabilities(want);
             assert_eq!(q.len(), want.len(), "{id}");
             for (a, b) in q.iter().zip(&want) {
                 let diff = (f64::from(*a) - b).abs();

@@ -233,12 +233,7 @@ fn score<B: clef_device::MeshOps>(
         );
         let mut here = 0.0f64;
         for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f64> = q["probabilities"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
+            let want = common::expected_probabilities(q);
             let got: Vec<f64> = d.probabilities[k].iter().map(|&p| f64::from(p)).collect();
             assert_eq!(got.len(), want.len(), "{label} {id} q{k}");
             let mut qdiff = 0.0f64;

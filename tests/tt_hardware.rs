@@ -125,12 +125,7 @@ fn band_of(p: &Pipeline<TtMesh>, requests: &str, expected: &str) -> Band {
             .decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None)
             .unwrap_or_else(|e| panic!("{}: {e}", exp["id"]));
         for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f64> = q["probabilities"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
+            let want = common::expected_probabilities(q);
             band.add(&d.probabilities[k], &want);
         }
     }

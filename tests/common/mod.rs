@@ -7,6 +7,17 @@ pub mod server;
 
 use std::path::PathBuf;
 
+/// A golden question's expected probabilities (`"probabilities"` of an expected record's
+/// question, as the reference wrote them).
+pub fn expected_probabilities(question: &serde_json::Value) -> Vec<f64> {
+    question["probabilities"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no probabilities in {question}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap_or_else(|| panic!("{v} is not a number")))
+        .collect()
+}
+
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
