@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::process::{clef_tt, Server};
+use common::process::{clef_tt, free_port, Server};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -73,14 +73,6 @@ fn sdk_python() -> Option<PathBuf> {
     );
     eprintln!("SKIPPED (the SDK step): no Python with typesafe-sdk (set CLEF_SDK_PYTHON)");
     None
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn repo() -> PathBuf {

@@ -409,13 +409,7 @@ fn a_cancelled_request_does_not_disturb_the_next_one() {
     let (_, health) = get(&base, "/health");
     assert!(health.contains("\"queued\":0"), "{health}");
     let (_, metrics) = get(&base, "/metrics");
-    let count = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let count = |name: &str| metric_value(&metrics, name).unwrap_or(0.0);
     assert!(
         count("clef_abandoned_total ") + count("clef_cancelled_total ") >= 1.0,
         "{metrics}"

@@ -215,9 +215,7 @@ fn cached_pipeline(stats: &Arc<PrefixCacheStats>) -> Pipeline<CpuMesh> {
 
 fn metric(base: &str, name: &str) -> f64 {
     let (_, text) = get(base, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(f64::NAN)
+    metric_value(&text, name).unwrap_or(f64::NAN)
 }
 
 fn wait_idle(base: &str) {

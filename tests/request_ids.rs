@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::server::{agent, triage};
+use common::server::{agent, get, metric_value, triage};
 use std::time::Duration;
 
 /// `clef-tt serve` as a process logging at info into a file: (server, base URL, log path).
@@ -236,20 +236,8 @@ fn a_well_formed_request_id_is_kept_echoed_and_logged_others_are_replaced() {
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let metrics = agent()
-        .get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let count = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let (_, metrics) = get(&base, "/metrics");
+    let count = |name: &str| metric_value(&metrics, name).unwrap_or(0.0);
     assert_eq!(count("clef_abandoned_total "), 1.0, "{metrics}");
     assert_eq!(count("clef_cancelled_total "), 1.0, "{metrics}");
     let _ = std::fs::remove_dir_all(&dir);

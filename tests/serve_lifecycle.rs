@@ -6,19 +6,11 @@
 
 mod common;
 
-use common::process::{clef_tt, Server};
+use common::process::{clef_tt, free_port, Server};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("clef-{name}-{}", std::process::id()));

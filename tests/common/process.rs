@@ -13,6 +13,15 @@ pub fn assert_succeeded(out: &std::process::Output) {
 
 /// The binary, with `--device tt` on the host shim this build made unless `--tt-shim` names
 /// another (the ttnn shim next to the binary would be found first otherwise).
+/// A loopback port free at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub fn clef_tt() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_clef-tt"));
     cmd.env("CLEF_TT_SHIM", tt_metal_sys::HOST_SHIM);

@@ -94,6 +94,14 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// The value of one `/metrics` sample (`name` with its trailing space or labels), if present.
+pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 pub fn get(base: &str, path: &str) -> (u16, String) {
     let mut r = agent().get(&format!("{base}{path}")).call().unwrap();
     (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
