@@ -12,10 +12,8 @@ one mesh tensor with `ttnn.from_host_shards`; a replicated part is copied to eve
 `to_device`. `host_matrix` is the host tensor of that path (tests read its bytes back through
 `host_buffer()` + dlpack and compare).
 """
-import atexit
 import itertools
 import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -24,18 +22,16 @@ from .meta import (MATRIX, VECTOR, REPLICATED, PARTIAL, F32, BF16, BFP8_B, BFP4_
                    packed_bytes, stored_bytes, describe, as_meta)
 from .kv_cache import KV
 
-_tmp_dir = None
-_counter = itertools.count()
 _headers = {}
 
 
-def _scratch_dir():
-    global _tmp_dir
-    if _tmp_dir is None:
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        _tmp_dir = tempfile.mkdtemp(prefix="clef_tt_ttnn_", dir=base)
-        atexit.register(shutil.rmtree, _tmp_dir, True)
-    return _tmp_dir
+def _scratch_file():
+    """A new private file (mode 0600) in /dev/shm where writable, else the temporary folder:
+    (open binary file, path). The caller unlinks it; nothing else is left behind (the embedded
+    interpreter is never finalised, so an atexit clean-up would not run)."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    fd, path = tempfile.mkstemp(prefix="clef_tt_ttnn_", suffix=".tensorbin", dir=base)
+    return os.fdopen(fd, "wb"), path
 
 
 def tt_dtype(ttnn, dtype):
@@ -50,7 +46,8 @@ def _header(ttnn, rows, cols, dtype):
     if h is None:
         zero = ttnn.Tensor(np.zeros((1, 1, rows, cols), np.float32),
                            data_type=tt_dtype(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
-        path = os.path.join(_scratch_dir(), "header_%d.tensorbin" % next(_counter))
+        f, path = _scratch_file()
+        f.close()
         try:
             ttnn.dump_tensor(path, zero)
             size = os.path.getsize(path)
@@ -65,10 +62,11 @@ def _header(ttnn, rows, cols, dtype):
 
 def host_matrix(ttnn, rows, cols, dtype, data):
     """A host TILE tensor [1, 1, rows, cols] of `dtype` whose buffer is `data` byte for byte."""
-    path = os.path.join(_scratch_dir(), "part_%d_%d.tensorbin" % (os.getpid(), next(_counter)))
+    header = _header(ttnn, rows, cols, dtype)
+    f, path = _scratch_file()
     try:
-        with open(path, "wb") as f:
-            f.write(_header(ttnn, rows, cols, dtype))
+        with f:
+            f.write(header)
             f.write(data)
         return ttnn.load_tensor(path)
     finally:
