@@ -183,6 +183,9 @@ fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
     // bfp8_b vision tower leaves it on the CPU mesh too (img_wide_1024x96_text: 0.061), and
     // tests/media.rs holds only the bf16 profile's media goldens to it.
     let spec = "bf16:goldens,goldens-media;selected:goldens,goldens-media~";
+    let first_log = scratch("plain").join("first-attempt-output.txt");
+    // An earlier run's first attempt is not this run's.
+    let _ = std::fs::remove_file(&first_log);
     let (mut ok, mut text) = run_child(spec, None);
     let mut first_error = String::new();
     if !ok && failed_by_error(&text) {
@@ -190,11 +193,10 @@ fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
         // the band are never retried). The first attempt stays on record, in the failure
         // message if the second fails too and in a file either way.
         first_error = failure_summary(&text);
-        let log = scratch("plain").join("first-attempt-output.txt");
-        std::fs::write(&log, &text).unwrap();
+        std::fs::write(&first_log, &text).unwrap();
         eprintln!(
             "golden-shadow: the run failed by an error, not by its answers ({}): once more\n{}",
-            log.display(),
+            first_log.display(),
             first_error
         );
         (ok, text) = run_child(spec, None);
