@@ -291,10 +291,18 @@ fn score<B: clef_device::MeshOps>(
         };
         // An error or other input ids is a failure of this record; the others are still scored,
         // so one run shows every record that fails and why.
-        let d = match pipeline.decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None) {
+        let decided =
+            match pipeline.decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None) {
+                Err(e) => Err(format!("{label} {id}: error: {e}")),
+                Ok(d) if serde_json::json!(d.record.input_ids) != exp["input_ids"] => Err(format!(
+                    "{label} {id}: input ids differ from the reference's"
+                )),
+                Ok(d) => Ok(d),
+            };
+        let d = match decided {
             Ok(d) => d,
-            Err(e) => {
-                failures.push(format!("{label} {id}: error: {e}"));
+            Err(why) => {
+                failures.push(why);
                 answered += 1;
                 if first_failure {
                     break;
@@ -302,12 +310,6 @@ fn score<B: clef_device::MeshOps>(
                 continue;
             }
         };
-        if serde_json::json!(d.record.input_ids) != exp["input_ids"] {
-            failures.push(format!(
-                "{label} {id}: input ids differ from the reference's"
-            ));
-            continue;
-        }
         let mut here = 0.0f64;
         for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
             let want = common::expected_probabilities(q);

@@ -59,7 +59,7 @@ def _widened(x):
 
 def per_device(keep=(), f32=False):
     """The golden of the op, once per device, on the twins of its tensor arguments; with `f32`,
-    on the twins widened to f32 (the module's docs: matmul-like ops)."""
+    on the twins widened to f32 (the module's docs: the ops the device accumulates in f32)."""
     def body(sh, name, fn, args, kwargs, result):
         g = _golden(sh, fn)
         kw = {k: v for k, v in kwargs.items() if k not in DEVICE_ONLY or k in keep}
