@@ -1,4 +1,5 @@
-//! Every golden record of `tiny-clef/goldens` answered by clef-tt as the reference did: ids,
+//! Every golden record of `tiny-clef/goldens` (and of `tiny-clef-g27/goldens`, the same requests
+//! on a checkpoint with Clef 27B's per-head geometry) answered by clef-tt as the reference did: ids,
 //! spans and option ids identical; f32 logits within 1e-4; probabilities within 1e-3 (and the
 //! same top option); responses equal field by field after rounding, a 1e-4 difference allowed
 //! only where the unrounded value sits within 1e-5 of a rounding boundary; error texts exact.
@@ -16,9 +17,14 @@ use clef_tt::head::answer::answer_rounded_with;
 use clef_tt::request::{parse_body, validate, RequestError};
 use serde_json::Value;
 
-fn lines(name: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(common::fixtures().join("tiny-clef/goldens").join(name)).unwrap();
+/// The fixture whose goldens a check reads: `tiny-clef` unless the pipeline's checkpoint is
+/// another (`tiny-clef-g27`).
+const TINY: &str = "tiny-clef";
+const G27: &str = "tiny-clef-g27";
+
+fn lines(fixture: &str, name: &str) -> Vec<Value> {
+    let path = common::fixtures().join(fixture).join("goldens").join(name);
+    let text = std::fs::read_to_string(path).unwrap();
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
@@ -71,9 +77,9 @@ fn same(got: &Value, want: &Value, unrounded: &Value, path: &str) {
 }
 
 /// Every record through `pipeline` against the reference's f32 run.
-fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
-    let requests = lines("requests.jsonl");
-    let expected = lines("expected_f32.jsonl");
+fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, fixture: &str, label: &str) {
+    let requests = lines(fixture, "requests.jsonl");
+    let expected = lines(fixture, "expected_f32.jsonl");
     assert_eq!(requests.len(), 50);
     let (mut max_dlogit, mut max_dp, mut answered, mut errors) = (0.0f64, 0.0f64, 0, 0);
     for (req, exp) in requests.iter().zip(&expected) {
@@ -181,32 +187,62 @@ fn check_f32_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
 
 #[test]
 fn every_golden_record_matches_the_f32_reference() {
-    let ckpt = Checkpoint::open(&common::fixtures().join("tiny-clef")).unwrap();
+    let ckpt = Checkpoint::open(&common::fixtures().join(TINY)).unwrap();
     let pipeline = Pipeline::new(&ckpt, CpuMesh::new(MeshShape::ONE), WeightFormat::F32).unwrap();
-    check_f32_goldens(&pipeline, "cpu 1x1");
+    check_f32_goldens(&pipeline, TINY, "cpu 1x1");
+}
+
+/// The same requests on Clef 27B's per-head geometry (head_dim 256, rotary 64, DeltaNet key and
+/// value dims 128), on one and two devices.
+#[test]
+fn every_g27_golden_record_matches_the_f32_reference() {
+    let ckpt = Checkpoint::open(&common::fixtures().join(G27)).unwrap();
+    for shape in [MeshShape::ONE, MeshShape::PAIR] {
+        let pipeline = Pipeline::new(&ckpt, CpuMesh::new(shape), WeightFormat::F32).unwrap();
+        check_f32_goldens(&pipeline, G27, &format!("g27 cpu {shape}"));
+    }
+}
+
+#[test]
+fn every_g27_golden_record_is_close_to_the_bf16_reference_under_both_profiles() {
+    for profile in ["bf16", "selected"] {
+        check_bf16_goldens(
+            &common::fixture_pipeline_on(G27, profile, |n| {
+                CpuMesh::new(MeshShape::PAIR).with_numerics(n)
+            }),
+            G27,
+            &format!("g27 cpu {profile} 1x2"),
+        );
+    }
 }
 
 #[test]
 fn every_golden_record_matches_the_f32_reference_through_the_tt_shim_on_1x1() {
     let pipeline = common::tt_profile_pipeline("f32", MeshShape::ONE);
-    check_f32_goldens(&pipeline, "tt 1x1");
+    check_f32_goldens(&pipeline, TINY, "tt 1x1");
 }
 
 #[test]
 fn every_golden_record_matches_the_f32_reference_through_the_tt_shim_on_1x2() {
     let pipeline = common::tt_profile_pipeline("f32", MeshShape::PAIR);
-    check_f32_goldens(&pipeline, "tt 1x2");
+    check_f32_goldens(&pipeline, TINY, "tt 1x2");
 }
 
 /// The `bf16` profile (bf16 weights and activations, HiFi4 with f32 accumulation, bf16 KV and
 /// embeddings) by the TP=2 plan on the 1x2 mesh against the reference's bf16 run: input ids
 /// identical, every probability within a few 1e-2 (goldens README: "bf16 or device path vs
 /// expected_bf16 ... probabilities within a few 1e-2").
-fn check_bf16_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
-    let (mut worst, mut answered) = (0.0f64, 0);
-    for (req, exp) in lines("requests.jsonl")
+///
+/// A probability the reference's own f32 and bf16 runs put further apart than the band (a logit
+/// tie at bf16 resolution: tiny-clef-g27's `noul_partial_extra_object_criteria`, logits 19.60
+/// and 19.65, Δp 0.050 between the runs) may sit within the band of either run.
+fn check_bf16_goldens<B: MeshOps>(pipeline: &Pipeline<B>, fixture: &str, label: &str) {
+    let (mut worst, mut answered, mut by_f32) = (0.0f64, 0, 0);
+    let f32_runs = lines(fixture, "expected_f32.jsonl");
+    for ((req, exp), exp32) in lines(fixture, "requests.jsonl")
         .iter()
-        .zip(&lines("expected_bf16.jsonl"))
+        .zip(&lines(fixture, "expected_bf16.jsonl"))
+        .zip(&f32_runs)
     {
         let id = req["id"].as_str().unwrap();
         assert_eq!(exp["id"], req["id"]);
@@ -226,16 +262,25 @@ fn check_bf16_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
         );
         for (k, q) in exp["questions"].as_array().unwrap().iter().enumerate() {
             let want = q["probabilities"].as_array().unwrap();
+            let want32 = exp32["questions"][k]["probabilities"].as_array().unwrap();
             assert_eq!(d.probabilities[k].len(), want.len(), "{id} q{k}");
-            for (a, b) in d.probabilities[k].iter().zip(want) {
+            for ((a, b), c) in d.probabilities[k].iter().zip(want).zip(want32) {
                 let diff = (f64::from(*a) - num(b)).abs();
+                let tie = (num(b) - num(c)).abs() > 5e-2 - 1e-2;
+                if diff > 5e-2 && tie && (f64::from(*a) - num(c)).abs() <= 5e-2 {
+                    by_f32 += 1;
+                    continue;
+                }
                 worst = worst.max(diff);
                 assert!(diff <= 5e-2, "{id} q{k}: {a} vs {b}");
             }
         }
         answered += 1;
     }
-    eprintln!("{label}: {answered} records, worst probability difference {worst:.2e}");
+    eprintln!(
+        "{label}: {answered} records, worst probability difference {worst:.2e} \
+         ({by_f32} tied probabilities within the band of the f32 run instead)"
+    );
     assert_eq!(answered, 37);
 }
 
@@ -243,6 +288,7 @@ fn check_bf16_goldens<B: MeshOps>(pipeline: &Pipeline<B>, label: &str) {
 fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
     check_bf16_goldens(
         &common::profile_pipeline("bf16", MeshShape::PAIR),
+        TINY,
         "cpu bf16 1x2",
     );
 }
@@ -253,6 +299,7 @@ fn every_golden_record_is_close_to_the_bf16_reference_under_the_bf16_profile() {
 fn every_golden_record_is_close_to_the_bf16_reference_under_the_selected_profile() {
     check_bf16_goldens(
         &common::profile_pipeline("selected", MeshShape::PAIR),
+        TINY,
         "cpu selected 1x2",
     );
 }
@@ -262,6 +309,7 @@ fn the_bf16_and_selected_profiles_through_the_tt_shim_meet_the_same_bound() {
     for profile in ["bf16", "selected"] {
         check_bf16_goldens(
             &common::tt_profile_pipeline(profile, MeshShape::PAIR),
+            TINY,
             &format!("tt {profile} 1x2"),
         );
     }

@@ -8,7 +8,9 @@
 //!    text without media — equal, byte for byte, to the key clef-tt answers with — and
 //!    computes none otherwise (JSON states, media, escapes it cannot read);
 //! 3. the unmodified Python SDK (no header) repeating text states hits the prefix cache from the
-//!    first repeat on (`tests/clients/python_sdk_affinity.py`);
+//!    first repeat on (`tests/clients/python_sdk_affinity.py`); it, urllib, requests and httpx
+//!    read the 413 of a body over the limit (14, 64 MiB, chunked) and a 415
+//!    (`tests/clients/oversize_bodies.py`);
 //! 4. JSON states without the header go round-robin (the hit rate printed for comparison);
 //! 5. request ids: a client's well-formed `x-request-id` comes back and is in HAProxy's and the
 //!    replica's logs, a malformed or missing one is replaced by HAProxy's UUID, logged alike;
@@ -420,6 +422,9 @@ fn replicas_behind_haproxy_keep_states_on_their_prefix_caches_and_survive_a_kill
     // 3. The unmodified Python SDK, repeating text states with no header.
     if let Some(python) = &python {
         sdk_repeats_hit_the_cache(&url, python);
+        // ... and with urllib, requests, httpx and the SDK, bodies over the limit (14 and 64
+        // MiB, chunked) and of another content type: each reads the refusal through HAProxy.
+        refusals_are_read(&url, python);
     }
 
     // 4. JSON states without the header: round-robin, measured for comparison (the order
@@ -580,6 +585,27 @@ fn replicas_behind_haproxy_keep_states_on_their_prefix_caches_and_survive_a_kill
     let dir = cluster.dir.clone();
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Step 3, refusals: `tests/clients/oversize_bodies.py` through HAProxy, every client reads the
+/// 413 (or 415) and its JSON body, none a broken pipe.
+fn refusals_are_read(url: &str, python: &Path) {
+    let out = Command::new(python)
+        .arg(repo().join("tests/clients/oversize_bodies.py"))
+        .arg(url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !(required() && text.contains("skipped")),
+        "CLEF_SDK_PYTHON lacks a client (pip install requests httpx):\n{text}"
+    );
+    eprintln!("through HAProxy: {}", text.lines().last().unwrap_or(""));
 }
 
 /// Step 3: 6 text states x 5 rounds from `tests/clients/python_sdk_affinity.py` (the SDK as an

@@ -402,17 +402,6 @@ fn a_model_directory_changed_under_the_server_does_not_crash_it() {
 
 // ---- Bounded load --------------------------------------------------------------------------
 
-fn resident_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
 /// Every client sends `per_client` requests (cycling through `bodies`); returns
 /// (status, body index, response text, seconds) per request.
 fn load(
@@ -476,12 +465,12 @@ fn load_at_four_times_capacity_answers_200_or_429_equal_to_solo_answers() {
     // One round first, so thread stacks and allocator pools exist before the baseline.
     load(&base, &bodies, clients, 1);
     wait_idle(&base);
-    let before = resident_kib();
+    let before = common::process::resident_kib("self");
     let t0 = Instant::now();
     let results = load(&base, &bodies, clients, per_client);
     let seconds = t0.elapsed().as_secs_f64();
     wait_idle(&base);
-    let after = resident_kib();
+    let after = common::process::resident_kib("self");
 
     assert_eq!(results.len(), clients * per_client, "a request was lost");
     let mut ok_ms: Vec<f64> = Vec::new();

@@ -138,8 +138,9 @@ pub trait MeshOps: Sync {
     /// `x · Wᵀ` per device. A replicated `x` against a column-split weight gives a sharded
     /// result; a sharded `x` against a row-split weight gives partial sums.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
-    /// Sum the per-device partial sums (f32) and replicate the result (reduce-scatter followed
-    /// by all-gather, as the Tenstorrent port does it).
+    /// Sum the per-device partial sums and replicate the result (reduce-scatter followed by
+    /// all-gather, as the Tenstorrent port does it). The CPU mesh sums in f32; the ttnn backend
+    /// holds the partial sums in the activation dtype (bf16 collectives, as the port).
     fn all_reduce(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
     /// Split the columns of every device's part into consecutive blocks of the given widths.
     fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;

@@ -232,7 +232,9 @@ typedef struct clef_tt_matmul_config {
  * SHARDED x → PARTIAL. */
 int clef_tt_linear(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
                    const clef_tt_matmul_config *config, clef_tt_tensor **out);
-/* Sum of PARTIAL parts in f32, REPLICATED (reduce-scatter then all-gather). */
+/* Sum of PARTIAL parts, REPLICATED (reduce-scatter then all-gather). The parts are held in the
+ * activation dtype (the ttnn backend: bf16 under bf16 activations, the port's bf16 collectives;
+ * the host backend: f32). */
 int clef_tt_all_reduce(clef_tt_mesh *mesh, const clef_tt_tensor *x, clef_tt_tensor **out);
 /* Consecutive column blocks of the given widths (summing to cols); `outs` has `n` entries. */
 int clef_tt_split_cols(clef_tt_mesh *mesh, const clef_tt_tensor *x, const uint32_t *widths,

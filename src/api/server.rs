@@ -3,7 +3,8 @@
 //! (`demo.rs`) and the Workers AI route (`workers_ai.rs`). Order of checks on a decision: the
 //! bearer key (401), the body limit (413), content type (415), JSON and validation (422, before
 //! the model name), the served names (404), the queue (429 with `Retry-After`); then a worker
-//! answers (200, 422 for over-long prompts, 500 with a message if the worker fails).
+//! answers (200, 422 for over-long prompts, 500 with a message if the worker fails). A body a
+//! route refuses unread is drained before the answer (`drain.rs`).
 
 use super::contract::{HealthBody, HealthStatus, ModelCard, ModelList};
 use super::intake::{check_key, read_json};
@@ -41,6 +42,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            state.settings.refused_body_drain,
+            super::drain::drain_unread_body,
+        ))
         .with_state(state)
 }
 

@@ -10,6 +10,7 @@
 //! about the request names it, the worker's included.
 
 use super::contract::{DecisionBody, PREFIX_CACHE_HEADER, REQUEST_ID_HEADER};
+use super::drain::DrainBounds;
 use super::error::error_body;
 use super::metrics::{Metrics, Snapshot};
 use crate::encode::json::dumps;
@@ -54,6 +55,8 @@ pub struct ServerSettings {
     /// `CLEF_MODEL_NAMES`; empty = any name is accepted and echoed.
     pub model_names: Vec<String>,
     pub max_body_bytes: usize,
+    /// How much of a body refused before it was read is drained so the client reads the answer.
+    pub refused_body_drain: DrainBounds,
     pub rule: LengthRule,
     pub limits: HostLimits,
     /// The `/v1/models` card of the served model.

@@ -285,6 +285,14 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "CLEF_MAX_BODY_BYTES", default_value_t = 13 << 20)]
     pub max_body_bytes: usize,
+    /// A body refused before it was read (413, 401, 415) is read and discarded up to this many
+    /// bytes before the answer, so clients that send it all first read the answer; past it the
+    /// connection is cut. Default: the larger of 4x --max-body-bytes and 128 MiB.
+    #[arg(long, env = "CLEF_DRAIN_MAX_BYTES")]
+    pub drain_max_bytes: Option<u64>,
+    /// The time bound of that draining, in seconds.
+    #[arg(long, env = "CLEF_DRAIN_SECS", default_value_t = 5.0)]
+    pub drain_secs: f64,
     /// Serve the browser demo page at `/` (0 turns it off).
     #[arg(long, env = "CLEF_DEMO", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "1")]
     pub demo: bool,

@@ -45,6 +45,8 @@ pub struct ServeOptions {
     pub warmup: bool,
     pub strict: bool,
     pub max_body_bytes: usize,
+    /// How much of a body refused unread is drained before the answer.
+    pub refused_body_drain: clef_tt::api::DrainBounds,
     /// Serve the browser demo page at `/`.
     pub demo: bool,
     /// Bounds on images and videos.
@@ -95,6 +97,14 @@ impl ServeOptions {
             warmup: a.warmup,
             strict: a.strict,
             max_body_bytes: a.max_body_bytes,
+            refused_body_drain: clef_tt::api::DrainBounds {
+                max_bytes: a
+                    .drain_max_bytes
+                    .unwrap_or(clef_tt::api::DrainBounds::for_limit(a.max_body_bytes).max_bytes),
+                max_time: Duration::try_from_secs_f64(a.drain_secs).map_err(|_| {
+                    anyhow::anyhow!("--drain-secs must be a number of seconds >= 0")
+                })?,
+            },
             demo: a.demo,
             media_limits: a.media.limits(),
             tensor_cache: a.tensor_cache,
@@ -202,6 +212,7 @@ fn server_settings(
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
         model_names: o.model_names.clone(),
         max_body_bytes: o.max_body_bytes,
+        refused_body_drain: o.refused_body_drain,
         demo: o.demo,
         rule,
         limits,
@@ -637,6 +648,7 @@ mod tests {
             warmup: false,
             strict: false,
             max_body_bytes: 1 << 20,
+            refused_body_drain: clef_tt::api::DrainBounds::for_limit(1 << 20),
             demo: false,
             media_limits: Default::default(),
             prefix_cache: PrefixCacheOptions {

@@ -154,8 +154,8 @@ fn classes(
         tensors: slot,
     });
     // One chunk at its widest: the hidden rows (input, residual, normed), the widest
-    // column-parallel output and its activation, and a row-parallel projection's f32 partial
-    // sums with their reduction.
+    // column-parallel output and its activation, and a row-parallel projection's partial sums
+    // (in the activation dtype, as the port's bf16 collectives) with their reduction.
     let t = q.tokens;
     let widest = matrices
         .iter()
@@ -172,8 +172,8 @@ fn classes(
             activation(t, h, false, act),
             activation(t, widest, false, act),
             activation(t, widest / 2, false, act),
-            activation(t, h, true, act),
-            activation(t, h, true, act),
+            activation(t, h, false, act),
+            activation(t, h, false, act),
         ],
     });
     Ok(out)

@@ -6,6 +6,7 @@ clef-tt wheel and uvicorn, on the CPU (CLEF_DEVICE=cpu). Checked against a direc
 `clef-tt serve` of the same wheel:
 
 - tt-model's ready line comes only once /health answers 200, from the process tt-model started;
+- every Python client reads the refusal of an oversize body (oversize_bodies.py);
 - the README request, 413, 422, 401 and 429 (a burst past the queue, with Retry-After) arrive
   as clef-tt answers them directly; one date header, no uvicorn server header;
 - /health during a burst costs what it costs directly;
@@ -69,21 +70,14 @@ def request(port, method, path, body=None, headers=None, timeout=120):
 
 
 def too_big(port, size=14 << 20):
-    """A body over the limit, as a client that reads an early answer sends it: the headers,
-    then the body only if no answer comes first (clef-tt answers 413 from the declared length
-    and closes, so a client still writing would see a reset instead)."""
-    import select
-
+    """A body over the limit, sent as urllib and requests send it: all of it, then the answer
+    is read (clef-tt drains a refused body so the client reads its 413)."""
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         sock.sendall(
             f"POST /v1/systemone HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"authorization: Bearer {KEY}\r\ncontent-length: {size}\r\n\r\n".encode()
         )
-        if not select.select([sock], [], [], 5)[0]:
-            try:
-                sock.sendall(b"x" * size)
-            except OSError:
-                pass
+        sock.sendall(b"x" * size)
         r = http.client.HTTPResponse(sock)
         r.begin()
         return r.status, r.getheaders(), r.read()
@@ -295,6 +289,14 @@ class Suite:
         same_answer(too_big(lp), too_big(dp), "413")
         assert too_big(lp)[0] == 413
         print("launcher: README request 200, 422, 401 and 413 as clef-tt answers them directly")
+        # Every Python client reads the refusals of bodies over the limit (14, 64 MiB, chunked)
+        # and of another content type, through the launcher.
+        oversize = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oversize_bodies.py")
+        r = subprocess.run([self.a.clients_python or sys.executable, oversize,
+                            f"http://127.0.0.1:{lp}", "--key", KEY], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not (self.a.clients_python and "skipped" in r.stdout), r.stdout
+        print(f"launcher: {r.stdout.strip().splitlines()[-1]}")
 
         # 3. A burst past the queue: 429 with Retry-After; /health as fast as direct.
         direct_health, direct_results = self.health_during_burst(dp)
@@ -386,6 +388,8 @@ def main():
     p = argparse.ArgumentParser()
     for name in ("python", "code", "manifest", "model", "work"):
         p.add_argument(f"--{name}", required=True)
+    p.add_argument("--clients-python", help="a Python with requests, httpx and typesafe-sdk for "
+                   "oversize_bodies.py (default: this one, urllib alone)")
     a = p.parse_args()
     a.work = os.path.abspath(a.work)
     Suite(a).run()

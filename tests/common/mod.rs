@@ -48,9 +48,19 @@ pub fn profile_pipeline_on<B: clef_device::MeshOps>(
     profile: &str,
     mesh: impl FnOnce(clef_device::Numerics) -> B,
 ) -> clef_tt::engine::Pipeline<B> {
+    fixture_pipeline_on("tiny-clef", profile, mesh)
+}
+
+/// [`profile_pipeline_on`] for the checkpoint in `tests/fixtures/{fixture}` (`tiny-clef-g27`).
+pub fn fixture_pipeline_on<B: clef_device::MeshOps>(
+    fixture: &str,
+    profile: &str,
+    mesh: impl FnOnce(clef_device::Numerics) -> B,
+) -> clef_tt::engine::Pipeline<B> {
     let profile = clef_tt::precision::Precision::resolve(profile, |_| None).unwrap();
+    let ckpt = clef_tt::checkpoint::Checkpoint::open(&fixtures().join(fixture)).unwrap();
     clef_tt::engine::Pipeline::load(
-        &tiny_clef(),
+        &ckpt,
         mesh(profile.numerics()),
         &profile.weight_formats(),
         profile.bf16_embeddings(),

@@ -134,3 +134,15 @@ pub fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     assert!(!err.contains("panicked"), "{err}");
     err
 }
+
+/// The resident memory of a process (`pid`, or `self`), in KiB (0 if unreadable).
+pub fn resident_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}

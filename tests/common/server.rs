@@ -36,6 +36,7 @@ pub fn settings() -> ServerSettings {
         api_key: None,
         model_names: vec![],
         max_body_bytes: 13 << 20,
+        refused_body_drain: clef_tt::api::DrainBounds::for_limit(13 << 20),
         demo: true,
         rule: RULE,
         limits: HostLimits::default(),

@@ -7,6 +7,9 @@
 # (tests/clients/launcher_test.py). Needs root (unshare), python3 with venv, and PyPI for
 # maturin and uvicorn.
 #
+# CLEF_SDK_PYTHON, when set, is a Python with requests, httpx and typesafe-sdk: the launcher's
+# refusals are then read with every client (tests/clients/oversize_bodies.py), else with urllib.
+#
 # usage: tests/tt_model/run.sh [dev|release]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +32,7 @@ mkdir -p "$scratch/code" "$scratch/tests"
 cp -r launcher "$scratch/code/"
 find "$scratch/code" -name __pycache__ -prune -exec rm -rf {} +
 cp tt_kernel_manifest.json "$scratch/"
-cp tests/clients/launcher_test.py "$scratch/tests/"
+cp tests/clients/launcher_test.py tests/clients/oversize_bodies.py "$scratch/tests/"
 cp -r tests/fixtures/tiny-clef "$scratch/model"
 
 unshare --mount --propagation private bash -s "$repo" "$scratch" <<'INNER'
@@ -79,5 +82,6 @@ if shipped:
     print(f"ttnn shim: loads from {env['CLEF_TT_SHIM']} (devices: exit {r.returncode})")
 PY
 python3 tests/launcher_test.py --python "$scratch/venv/bin/python" --code "$scratch/code" \
-  --manifest "$scratch/tt_kernel_manifest.json" --model "$scratch/model" --work "$scratch/work"
+  --manifest "$scratch/tt_kernel_manifest.json" --model "$scratch/model" --work "$scratch/work" \
+  ${CLEF_SDK_PYTHON:+--clients-python "$CLEF_SDK_PYTHON"}
 INNER

@@ -121,7 +121,8 @@ pub enum Allocation {
     },
     /// f32 values read elementwise (norm weights, gates, conv taps).
     Vector { values: usize },
-    /// Rows of activations in the mesh's activation dtype, or f32 (partial sums, states).
+    /// Rows of activations in the mesh's activation dtype, or f32 (DeltaNet states; allocated
+    /// under the partial placement, whose descriptor the shim holds in f32).
     Activation { rows: usize, cols: usize, f32: bool },
 }
 

@@ -17,7 +17,7 @@ from .delta import DeltaOps
 from .dispatch import Dispatcher
 from .golden import enabled as golden_enabled
 from .kv_cache import KV, KvCache
-from .meta import ACTIVATION, BF16, MATRIX, PARTIAL, VECTOR, as_meta, describe as meta_text
+from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta, describe as meta_text
 from .tensors import DT, Helpers
 from .text_ops import TextOps
 from .transfers import Transfers, tt_dtype
@@ -151,10 +151,13 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
             layout, dtypes = ttnn.TILE_LAYOUT, (tt_dtype(ttnn, meta.dtype),)
         elif meta.role == VECTOR:
             layout, dtypes = ttnn.ROW_MAJOR_LAYOUT, (ttnn.float32,)
-        elif meta.placement == PARTIAL:
-            layout, dtypes = ttnn.TILE_LAYOUT, (ttnn.float32,)
         else:
+            # Activations (partial sums too) in the activation dtype, or f32 (DeltaNet gates and
+            # states); TILE, or ROW_MAJOR bf16 for the native conv's carry (delta.py), the form
+            # the next chunk's conv reads.
             layout, dtypes = ttnn.TILE_LAYOUT, (self.act_dtype, ttnn.float32)
+            if t.layout == ttnn.ROW_MAJOR_LAYOUT and t.dtype == ttnn.bfloat16:
+                layout = t.layout
         if shape != (1, 1, meta.rows, meta.cols) or t.layout != layout or t.dtype not in dtypes:
             raise ValueError("result check: %s, got a tensor %s %s %s"
                              % (meta_text(meta), list(shape), t.dtype, t.layout))

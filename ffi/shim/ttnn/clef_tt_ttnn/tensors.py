@@ -102,6 +102,10 @@ class Helpers:
         return self.tt.call("to_layout", self.ttnn.to_layout, t, self.ttnn.TILE_LAYOUT,
                             memory_config=self.dram)
 
+    def unary(self, name, *params):
+        """A fused activation (`activations=` / `input_tensor_*_activations=` of binary ops)."""
+        return self.ttnn.UnaryWithParam(getattr(self.ttnn.UnaryOpType, name), *params)
+
     def zeros(self, shape, dtype):
         return self.tt.call("zeros", self.ttnn.zeros, tuple(shape), dtype=dtype,
                             layout=self.ttnn.TILE_LAYOUT, device=self.device,

@@ -2,11 +2,12 @@
 swiglu, split_query_gate, rope, mul_sigmoid.
 
 - linear: `ttnn.linear` with the profile's compute kernel config and the port's program config
-  (programs.py); a row-parallel projection (sharded x) leaves f32 partial sums, other results are
-  in the activation dtype; `bf16_activations` casts f32 activations to bf16 first.
-- all_reduce: the port's composite all-reduce in f32: `reduce_scatter` then `all_gather` on the
-  last dim over the mesh line (cluster axis 1; the reduce-scatter with `ccl_options`), then
-  the activation dtype.
+  (programs.py); every result is in the activation dtype, a row-parallel projection's partial
+  sums too (bf16 under bf16 activations: the port's bf16 collectives, half the Ethernet bytes
+  and no casts around them); `bf16_activations` casts f32 activations to bf16 first.
+- all_reduce: the port's composite all-reduce in the partial sums' dtype: `reduce_scatter` then
+  `all_gather` on the last dim over the mesh line (cluster axis 1; the reduce-scatter with
+  `ccl_options`): two device ops.
 - rms_norm (and gated_rms_norm in delta.py): `ttnn.rms_norm` over the last dim, per group via a
   [1, T, groups, group] view, epsilon as given, the gamma a [1, 1, 1, group] f32 TILE row (1 + w
   for the zero-centred norms, made once per weight), HiFi4 / fp32 accumulation.
@@ -22,7 +23,7 @@ import os
 
 import numpy as np
 
-from .meta import BF16, F32, SHARDED, f32, tile_bytes
+from .meta import BF16, F32, f32, tile_bytes
 from .programs import kernel_config, matmul_program, precise
 
 
@@ -54,7 +55,7 @@ class TextOps:
         cast = None
         if config.get("bf16_activations", 0) and xt.dtype == ttnn.float32:
             xt = cast = self.typecast(xt, ttnn.bfloat16)
-        out_dtype = ttnn.float32 if mx.placement == SHARDED else self.act_dtype
+        out_dtype = self.act_dtype
         pc = matmul_program(ttnn, mx.rows, mw.rows, mw.cols, self.grid,
                             in0_tile=tile_bytes(BF16 if xt.dtype == ttnn.bfloat16 else F32),
                             in1_tile=tile_bytes(mw.dtype),
@@ -67,21 +68,17 @@ class TextOps:
     def all_reduce(self, x):
         mx, xo = x
         ttnn = self.ttnn
-        x32 = self.typecast(xo.t, ttnn.float32)
         if self.n == 1:
-            total = x32 if x32 is not xo.t else self.tt.call("clone", ttnn.clone, x32,
-                                                             memory_config=self.dram)
+            total = self.tt.call("clone", ttnn.clone, xo.t, memory_config=self.dram)
         else:
             ccl = ccl_options(ttnn)
-            scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, x32, 3,
+            scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, xo.t, 3,
                                      cluster_axis=1, memory_config=self.dram, **ccl)
             # all_gather takes no topology or links in 0.81 (deprecated and ignored, with a
             # warning per call): it picks them from the fabric itself.
             total = self.tt.call("all_gather", ttnn.all_gather, scattered, 3, cluster_axis=1,
                                  memory_config=self.dram)
             self.drop(scattered)
-            if x32 is not xo.t:
-                self.drop(x32)
         out = self.typecast(total, self.act_dtype)
         if out is not total:
             self.drop(total)
@@ -134,9 +131,10 @@ class TextOps:
         half = mx.cols // 2
         gate = self.cols(xo.t, 0, half)
         up = self.cols(xo.t, half, 2 * half)
-        act = self.tt.call("silu", self.ttnn.silu, gate, memory_config=self.dram)
-        out = self.tt.call("multiply", self.ttnn.multiply, act, up, memory_config=self.dram)
-        self.drop(gate, up, act)
+        out = self.tt.call("multiply", self.ttnn.multiply, gate, up,
+                           input_tensor_a_activations=[self.unary("SILU")],
+                           memory_config=self.dram)
+        self.drop(gate, up)
         return self.wrap(out)
 
     def split_query_gate(self, qg, heads, head_dim):
@@ -228,7 +226,6 @@ class TextOps:
         return out
 
     def mul_sigmoid(self, x, gate):
-        s = self.tt.call("sigmoid", self.ttnn.sigmoid, gate[1].t, memory_config=self.dram)
-        out = self.tt.call("multiply", self.ttnn.multiply, x[1].t, s, memory_config=self.dram)
-        self.drop(s)
-        return self.wrap(out)
+        return self.wrap(self.tt.call("multiply", self.ttnn.multiply, x[1].t, gate[1].t,
+                                      input_tensor_b_activations=[self.unary("SIGMOID")],
+                                      memory_config=self.dram))

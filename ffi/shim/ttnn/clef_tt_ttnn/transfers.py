@@ -186,7 +186,8 @@ class Transfers:
     def allocate(self, meta):
         """Device memory for `meta` on every device, values unset (no host data): matrices
         [1, 1, in, out] TILE in their format, vectors f32 ROW_MAJOR, activations TILE in the
-        activation dtype (partial sums f32), as an upload of the same descriptor is held."""
+        activation dtype; a partial descriptor f32 (what a plan allocates for the f32 DeltaNet
+        states: partial sums themselves are in the activation dtype)."""
         ttnn = self.ttnn
         meta = as_meta(meta)
         if meta.role == MATRIX:

@@ -4,15 +4,21 @@ Runs the ABI op sequence of src/backbone/mod.rs for one full-attention layer, on
 layer and their MLPs at Clef's TP=2 per-device shapes (hidden 5120; 12 query heads + 2 KV heads
 x 256; DeltaNet 8 key heads x 128, 24 value heads x 128; MLP 8704), weights of zero bytes (valid
 packed tiles) in the stage-1 profile's dtypes, and prints, per layer kind and chunk length, the
-ttnn calls and the host time of a call with cached programs (fastest of 3), then a 64-layer
-estimate (16 attention + 48 DeltaNet layers). Device time is not modelled (mock mode).
+ttnn calls, the ttnn device operations (programs run on the chips: counted with ttnn's graph
+capture, one more run inside `begin_graph_capture(RunMode.NORMAL)`) and the host time of a call
+with cached programs (fastest of 3), then a 64-layer chunk (16 attention + 48 DeltaNet layers,
+each with its MLP, and the final norm). Device time is not modelled (mock mode). The Rust -> C ->
+pybind11 crossings of the ABI come on top of the host time (about 64 x 12 per chunk).
+
+`--budget N` exits 1 when a chunk takes more than N device ops (CI runs it at 128 tokens).
 
 `Bench` is also the layer definition of ops_at_scale_mock.py: every ABI op of a layer goes through
 `Bench.op(label, fn, *args)` (a plain call here; that script captures each one with ttnn's graph
 capture), weights can be random (`Bench(seed=...)`), and `vision_block` runs one block of Clef
 27B's vision tower (vision/src/tower/mod.rs) at its TP=2 per-device shapes.
 
-    source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && $CLEF_TT_PYTHON .../bench_layers_mock.py [T ...]
+    source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && \
+        $CLEF_TT_PYTHON .../bench_layers_mock.py [--budget N] [T ...]
 """
 import os
 import sys
@@ -250,9 +256,22 @@ class Bench:
                 best = (dt, sum(c for c, _ in stats.values()), stats)
         return best
 
+    def device_ops(self, fn):
+        """ttnn device operations of one call of `fn`: the graph capture's function_start nodes
+        that name a program factory (a mesh workload counts once)."""
+        import ttnn
+        g = ttnn._ttnn.graph
+        g.begin_graph_capture(g.RunMode.NORMAL)
+        try:
+            fn()
+        finally:
+            graph = g.end_graph_capture()
+        return sum(1 for n in graph if n["node_type"] == "function_start"
+                   and "program_factory_type" in (n.get("params") or {}))
+
     def run(self, lengths):
         w = self.weights()
-        print("layer kind            T  ttnn calls  host ms (cached programs)")
+        print("layer kind            T  ttnn calls  device ops  host ms (cached programs)")
         totals = {}
         for t in lengths:
             h = self.act(t, HIDDEN)
@@ -269,14 +288,22 @@ class Bench:
             rows["attention+cache"] = self.timed(attn_second_chunk)
             rows["deltanet"] = self.timed(lambda: self.delta(w, h, t, None))
             rows["mlp"] = self.timed(lambda: self.mlp(w, h, t))
+            devops = {"attention": self.device_ops(lambda: self.attention(w, h, t, None,
+                                                                          positions)),
+                      "attention+cache": self.device_ops(attn_second_chunk),
+                      "deltanet": self.device_ops(lambda: self.delta(w, h, t, None)),
+                      "mlp": self.device_ops(lambda: self.mlp(w, h, t))}
             for name, (dt, calls, _) in rows.items():
-                print("%-18s %5d  %10d  %8.2f" % (name, t, calls, dt * 1e3))
+                print("%-18s %5d  %10d  %10d  %8.2f" % (name, t, calls, devops[name], dt * 1e3))
             est = 16 * (rows["attention"][0] + rows["mlp"][0]) + 48 * (rows["deltanet"][0]
                                                                        + rows["mlp"][0])
             calls = 16 * (rows["attention"][1] + rows["mlp"][1]) + 48 * (rows["deltanet"][1]
                                                                          + rows["mlp"][1])
-            totals[t] = (est, calls)
-            print("64 layers at T=%d: ~%d ttnn calls, ~%.0f ms host" % (t, calls, est * 1e3))
+            ops = 16 * (devops["attention"] + devops["mlp"]) + 48 * (devops["deltanet"]
+                                                                     + devops["mlp"]) + 1
+            totals[t] = (est, calls, ops)
+            print("64 layers at T=%d: ~%d ttnn calls, %d device ops, ~%.0f ms host"
+                  % (t, calls, ops, est * 1e3))
             for kind in ("attention", "attention+cache", "deltanet"):
                 top = sorted(rows[kind][2].items(), key=lambda kv: -kv[1][1])[:6]
                 print("  %s's costliest ttnn calls: %s" % (kind, ", ".join(
@@ -286,5 +313,13 @@ class Bench:
 
 
 if __name__ == "__main__":
-    lengths = [int(a) for a in sys.argv[1:]] or [128, 1024]
-    Bench().run(lengths)
+    args = sys.argv[1:]
+    budget = None
+    if args[:1] == ["--budget"]:
+        budget, args = int(args[1]), args[2:]
+    chunks = Bench().run([int(a) for a in args] or [128, 1024])
+    over = {t: ops for t, (_, _, ops) in chunks.items() if budget is not None and ops > budget}
+    if over:
+        print("FAIL: device ops per chunk over the budget of %d: %s"
+              % (budget, ", ".join("%d at T=%d" % (ops, t) for t, ops in over.items())))
+        sys.exit(1)

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 import clef_tt_ttnn as ct  # noqa: E402
 from clef_tt_ttnn import Meta  # noqa: E402
 from clef_tt_ttnn.meta import (ACTIVATION, MATRIX, VECTOR, REPLICATED, SHARDED, PARTIAL,  # noqa
-                               F32, BFP8_B, TILE, ROW_MAJOR, HIFI2, GELU_TANH, GELU_ERF)
-from clef_tt_ttnn.transfers import host_bytes, tt_dtype  # noqa: E402
+                               F32, BF16, BFP8_B, TILE, ROW_MAJOR, HIFI2, GELU_TANH, GELU_ERF)
+from clef_tt_ttnn.transfers import host_bytes  # noqa: E402
 
 RNG = np.random.default_rng(3)
 RESULTS = []
@@ -34,6 +34,12 @@ def close(name, got, want, tol):
     err = float(np.max(np.abs(got - want)) / max(1e-6, float(np.max(np.abs(want)))))
     RESULTS.append((name, err, tol))
     print("%-58s rel err %.2e (tol %.0e) %s" % (name, err, tol, "ok" if err <= tol else "FAIL"))
+
+
+def bf16(a):
+    """f32 values rounded to bf16 (nearest even), as f32."""
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
 
 
 def silu(x):
@@ -54,11 +60,11 @@ class Suite:
         assert self.m.tt.shadow is not None, "CLEF_TT_GOLDEN=1 installs the shadow"
 
     # -- tensors ----------------------------------------------------------------------------------
-    def act(self, a, placement=REPLICATED):
+    def act(self, a, placement=REPLICATED, dtype=F32):
         """An activation from host arrays (one, or one per device)."""
         arrays = a if isinstance(a, list) else [a]
         rows, cols = arrays[0].shape
-        meta = Meta(rows, cols, self.m.n, F32, TILE, ACTIVATION, placement)
+        meta = Meta(rows, cols, self.m.n, dtype, TILE, ACTIVATION, placement)
         return meta, self.m.upload(meta, [x.astype(np.float32).tobytes() for x in arrays])
 
     def vec(self, a):
@@ -186,12 +192,6 @@ class Suite:
         """append_rows (paged_fill_cache, own shadow: in place and copied pools), the KV rows
         read back, and chunked SDPA's golden against causal GQA attention."""
         m = self.m
-        bf = lambda a: a.astype(np.float32).view(np.uint32)  # noqa: E731
-
-        def bf16(a):
-            u = bf(a)
-            return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-
         for (t1, t2, heads, kvh, d) in ((37, 37, 2, 1, 24), (100, 64, 4, 2, 64)):
             k1, v1, k2, v2 = [RNG.standard_normal((t, kvh * d)).astype(np.float32)
                               for t in (t1, t1, t2, t2)]
@@ -288,6 +288,37 @@ class Suite:
             close(name + " state", self.down(self.res(s, nv * dk, dv)), S.reshape(nv * dk, dv),
                   1e-3)
 
+    def native_conv(self):
+        """causal_conv1d_silu on a bf16 mesh: ttnn's native conv (the op's own shadow) for 3 rows
+        or more, chained through its ROW_MAJOR carry, into and out of the FIR (2 rows) and from
+        an uploaded carry, against the f32 reference of bf16 inputs."""
+        self.m = self.backend.open(dict(cols=2, parent_cols=0, submesh_offset=0,
+                                        num_command_queues=2, l1_small_size=24576,
+                                        trace_region_size=0, activation_dtype=BF16))
+        m, ch = self.m, 128
+        lens = (37, 40, 2, 33, 64)
+        xs = [bf16(RNG.standard_normal((t, ch)).astype(np.float32)) for t in lens]
+        w = bf16(RNG.standard_normal((ch, 4)).astype(np.float32))
+        ext = np.concatenate([np.zeros((3, ch), np.float32)] + xs)
+        full = silu(np.stack([(ext[t:t + 4] * w.T).sum(0) for t in range(ext.shape[0] - 3)]))
+        carry, r0 = None, 0
+        for i, x in enumerate(xs):
+            path = "native" if m.native_conv(x.shape[0], ch, 4) else "FIR"
+            if i == len(xs) - 1:
+                # A carry uploaded as the prefix cache restores one (TILE, activation dtype).
+                carry = self.act(ext[3 + r0 - 3:3 + r0], dtype=BF16)[1]
+            out, carry = m.causal_conv1d_silu(self.act(x, dtype=BF16), self.vec(w),
+                                              None if carry is None else
+                                              self.res(carry, 3, ch), 4)
+            t = x.shape[0]
+            close("causal_conv1d_silu bf16, %d rows (%s)" % (t, path),
+                  self.down(self.res(out, t, ch)), full[r0:r0 + t], 1e-2)
+            r0 += t
+            close("conv carry after %d rows (%s)" % (t, path), self.down(self.res(carry, 3, ch)),
+                  ext[3 + r0 - 3:3 + r0], 0)
+        assert m.native_conv(37, ch, 4) and not m.native_conv(2, ch, 4)
+        assert not m.native_conv(37, 80, 4) and not m.native_conv(37, ch, 3)
+
     def run(self):
         self.uploads_and_linear()
         self.copies()
@@ -297,6 +328,9 @@ class Suite:
         self.delta()
         shadow = self.m.tt.shadow
         print(shadow.report())
+        self.m.close()
+        self.native_conv()
+        print(self.m.tt.shadow.report())
         self.m.close()
         bad = [r for r in RESULTS if not r[1] <= r[2]]
         print("%d passed, %d failed" % (len(RESULTS) - len(bad), len(bad)))

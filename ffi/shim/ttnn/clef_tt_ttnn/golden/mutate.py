@@ -8,6 +8,17 @@ each op, not ttnn's.
               the log-space decay flipped: g >= 0, a growing state) — ttnn.neg on the g it made.
 - raw_gamma:  rms_norm uses the raw weight w where the zero-centred norm needs 1 + w (and
               1 + w where the raw weight is meant).
+
+Three more reach only the paths of Clef 27B's per-head geometry (tiny-clef-g27), which tiny-clef
+never takes:
+- rope_swap:  the fused rope (`experimental.rotary_embedding_hf`, rotary dims 32 or a multiple of
+              64) gets sin where it takes cos and cos where it takes sin.
+- qk_swap:    the delta rule's rank-3 flat layout (key dim == value dim) gets k where it takes q
+              and q where it takes k.
+- vision_pad: the vision tower's attention, whose heads of 72 are padded to 96 for SDPA, keeps
+              the last 72 of the 96 channels (24 of them padding) instead of the first 72.
+              (Splitting the heads as 2 x 36, or scaling by 96^-0.5, stays in the band: the tiny
+              tower's attention is near uniform, so neither reaches the answers.)
 """
 import types
 
@@ -32,7 +43,44 @@ def _raw_gamma(mesh):
     mesh.gamma = types.MethodType(gamma, mesh)
 
 
-MUTATIONS = {"gate_sign": _gate_sign, "raw_gamma": _raw_gamma}
+def _rope_swap(mesh):
+    plain = mesh.rope_tables
+
+    def rope_tables(self, tables, full):
+        cos, sin = plain(tables, full)
+        return (sin, cos) if full else (cos, sin)
+
+    mesh.rope_tables = types.MethodType(rope_tables, mesh)
+
+
+def _qk_swap(mesh):
+    dispatcher = mesh.tt
+    plain = dispatcher.call
+
+    def call(self, name, fn, *args, **kwargs):
+        if name == "transformer.chunk_gated_delta_rule" and len(args[0].shape) == 3:
+            args = (args[1], args[0]) + tuple(args[2:])
+        return plain(name, fn, *args, **kwargs)
+
+    dispatcher.call = types.MethodType(call, dispatcher)
+
+
+def _vision_pad(mesh):
+    plain = mesh._heads_out
+
+    def heads_out(self, o, r0, r1, d):
+        if d == 72:
+            s = self.shape(o)
+            part = self.slice(o, (0, 0, r0, s[3] - d), (s[0], s[1], r1, s[3]))
+            flat = self.heads_last(part)
+            return self.typecast(flat, self.act_dtype)
+        return plain(o, r0, r1, d)
+
+    mesh._heads_out = types.MethodType(heads_out, mesh)
+
+
+MUTATIONS = {"gate_sign": _gate_sign, "raw_gamma": _raw_gamma, "rope_swap": _rope_swap,
+             "qk_swap": _qk_swap, "vision_pad": _vision_pad}
 
 
 def apply(mesh, name):

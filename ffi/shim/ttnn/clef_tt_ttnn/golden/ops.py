@@ -31,6 +31,11 @@ Own shadows (the op has no golden function in ttnn 0.81.1, or is not a computati
                        concat(-x[..., D/2:], x[..., :D/2]), cos/sin [1, 1, T, D] over all heads
   experimental.paged_fill_cache      input token t -> cache[page_table[batch_idx, t // block], :,
                        t % block] (GOLDEN.md, checked against the chunked SDPA golden)
+  experimental.kda.qkv_causal_conv1d_silu   the op's docstring: over the 3 history rows then the
+                       input, y[t] = tap0 x[t-3] + tap1 x[t-2] + tap2 x[t-1] + tap3 x[t], SiLU,
+                       split into q, k, v widths; in f32 from the bf16 twins, rounded once to
+                       the bf16 outputs (how the kernel accumulates is not documented: on chips
+                       the spread can be wider, as the port measured)
 """
 import numpy as np
 import torch
@@ -224,6 +229,27 @@ def paged_fill_cache(sh, name, fn, args, kwargs, result):
         sh.set(result, outs, name)
 
 
+def qkv_causal_conv1d_silu(sh, name, fn, args, kwargs, result):
+    """Four-tap causal depthwise conv + SiLU over [history | input], split in q, k, v (see the
+    module docstring)."""
+    x_t, hist_t, taps_t = args[0], args[1], args[2:6]
+    widths = [int(w) for w in args[6:9]]
+    col0 = int(kwargs.get("input_column_offset", 0))
+    width = sum(widths)
+    outs = [[], [], []]
+    for d in range(sh.n):
+        x = sh.twin(x_t, d).float()
+        x = x.reshape(1, x.shape[-2], x.shape[-1])[..., col0:col0 + width]
+        ext = torch.cat([sh.twin(hist_t, d).float().reshape(1, -1, width), x], dim=1)
+        taps = [sh.twin(t, d).float().reshape(-1) for t in taps_t]
+        rows = x.shape[1]
+        y = sum(taps[j] * ext[:, j:j + rows] for j in range(len(taps)))
+        for i, part in enumerate(torch.split(torch.nn.functional.silu(y), widths, dim=-1)):
+            outs[i].append(part.contiguous())
+    for r, values in zip(result, outs):
+        sh.set(r, values, name)
+
+
 HANDLERS = {
     # golden functions
     "reshape": ("golden", per_device()),
@@ -261,4 +287,5 @@ HANDLERS = {
     "experimental.nlp_concat_heads": ("own", nlp_concat_heads),
     "experimental.rotary_embedding_hf": ("own", rotary_embedding_hf),
     "experimental.paged_fill_cache": ("own", paged_fill_cache),
+    "experimental.kda.qkv_causal_conv1d_silu": ("own", qkv_causal_conv1d_silu),
 }
