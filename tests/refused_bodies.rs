@@ -266,11 +266,18 @@ fn python() -> PathBuf {
 fn python_clients_read_every_refusal() {
     let (_server, base, _) = spawn_server(&["--warmup", "0"], &[("CLEF_API_KEY", "k")]);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/oversize_bodies.py");
-    let out = Command::new(python())
+    let out = match Command::new(python())
         .arg(script)
         .args([&base, "--key", "k"])
         .output()
-        .unwrap();
+    {
+        Ok(out) => out,
+        Err(e) if std::env::var_os("CLEF_SDK_PYTHON").is_none() => {
+            eprintln!("SKIPPED: no python3 to run the Python clients ({e})");
+            return;
+        }
+        Err(e) => panic!("CLEF_SDK_PYTHON does not run: {e}"),
+    };
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
