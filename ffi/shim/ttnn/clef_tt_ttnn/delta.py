@@ -22,7 +22,9 @@ gated_rms_norm.
 - delta_gates: in f32 (the port's GDN_GATE_FP32): g = -exp(A_log) * softplus(a + dt_bias), the
   softplus fused into the add as the port does (UnaryWithParam(SOFTPLUS, 1, 20)), -exp(A_log) a
   row computed once per weight; beta = sigmoid(b), the sigmoid as a binary op's activation (one
-  program, and a third of a unary op's host cost on the mock).
+  program, and a third of a unary op's host cost on the mock). a and b come in bf16 and are not
+  typecast: each add is against an f32 row (dt_bias; zeros for beta) with dtype f32, so the op
+  widens and writes f32 itself (one device op each, checked with graph capture).
 - gated_delta_rule: `transformer.chunk_gated_delta_rule` with chunk 32, f32 initial/final state
   [1, value_heads, key_dim, value_dim], head-major output, the constant tiles passed (made once per
   mesh). With key_dim == value_dim (after padding both to multiples of 32) the port's rank-3 flat
@@ -178,21 +180,19 @@ class DeltaOps:
 
     def delta_gates(self, a, b, a_log, dt_bias):
         call, ttnn, dram = self.tt.call, self.ttnn, self.dram
+        # The gates in f32 from bf16 a and b without a typecast: a binary op against an f32 row
+        # (dt_bias; zeros for beta) computes and writes f32 (one device op each).
         fp32 = ttnn.float32
-        a32 = self.typecast(a[1].t, fp32)
         bias = self.row_of(dt_bias[1], "row_f32", fp32)
+        zeros = self.row_of(dt_bias[1], "zeros_f32", fp32, np.zeros_like)
         neg_exp = self.row_of(a_log[1], "neg_exp_f32", fp32, lambda v: -np.exp(v))
         softplus = ttnn.UnaryWithParam(ttnn.UnaryOpType.SOFTPLUS, 1.0, 20.0)
-        sp = call("add", ttnn.add, a32, bias, activations=[softplus], memory_config=dram)
+        sp = call("add", ttnn.add, a[1].t, bias, activations=[softplus], dtype=fp32,
+                  memory_config=dram)
         g = call("multiply", ttnn.multiply, sp, neg_exp, memory_config=dram)
-        b32 = self.typecast(b[1].t, fp32)
-        beta = call("add", ttnn.add, b32, 0.0, activations=[self.unary("SIGMOID")],
-                    memory_config=dram)
+        beta = call("add", ttnn.add, b[1].t, zeros, activations=[self.unary("SIGMOID")],
+                    dtype=fp32, memory_config=dram)
         self.drop(sp)
-        if a32 is not a[1].t:
-            self.drop(a32)
-        if b32 is not b[1].t:
-            self.drop(b32)
         return self.wrap(g), self.wrap(beta)
 
     def delta_constants(self):
