@@ -39,7 +39,7 @@ impl DrainBounds {
     /// (128 MiB is ~0.1 s over loopback, ~1 s at 1 Gbit/s).
     pub fn for_limit(max_body_bytes: usize) -> Self {
         DrainBounds {
-            max_bytes: (4 * max_body_bytes as u64).max(128 << 20),
+            max_bytes: (max_body_bytes as u64).saturating_mul(4).max(128 << 20),
             max_time: Duration::from_secs(5),
         }
     }
