@@ -51,6 +51,8 @@ DELTA_PIECE = 2048
 DELTA_CHUNK = 32
 # Taps of ttnn's native causal conv (experimental.kda.qkv_causal_conv1d_silu).
 NATIVE_CONV_TAPS = 4
+# CLEF_TT_GDN_CONV=fir keeps the FIR form everywhere (read once, at import).
+CONV_FORM = os.environ.get("CLEF_TT_GDN_CONV", "native")
 
 
 class DeltaOps:
@@ -66,7 +68,7 @@ class DeltaOps:
 
     def native_conv(self, rows, channels, kernel):
         """Whether causal_conv1d_silu takes ttnn's native conv (see the module docstring)."""
-        return (os.environ.get("CLEF_TT_GDN_CONV", "native") != "fir"
+        return (CONV_FORM != "fir"
                 and kernel == NATIVE_CONV_TAPS and self.act_dtype == self.ttnn.bfloat16
                 and channels % TILE_SIZE == 0 and channels >= 3 * TILE_SIZE
                 and rows >= NATIVE_CONV_TAPS - 1)
@@ -76,13 +78,8 @@ class DeltaOps:
         an uploaded or FIR-made TILE carry converted, or zeros (made once per width)."""
         ttnn, keep = self.ttnn, NATIVE_CONV_TAPS - 1
         if carry is None:
-            key = ("conv_zero_history", ch)
-            hit = self.internal.get(key)
-            if hit is None:
-                hit = self.host_rows([np.zeros((1, keep, ch), np.float32)], ttnn.bfloat16,
-                                     ttnn.ROW_MAJOR_LAYOUT)
-                self.keep_internal(key, hit)
-            return hit, []
+            return self.internal_once(("conv_zero_history", ch), lambda: self.host_rows(
+                [np.zeros((1, keep, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT)), []
         made = []
         h = carry[1].t
         if h.layout != ttnn.ROW_MAJOR_LAYOUT:
@@ -100,13 +97,8 @@ class DeltaOps:
     def _conv_start(self):
         """The native conv's `actual_start`: a replicated UINT32 [0] (every chunk reads its
         history: the carry, or zeros at the sequence start), made once per mesh."""
-        key = ("conv_actual_start",)
-        hit = self.internal.get(key)
-        if hit is None:
-            hit = self.host_rows([np.zeros((1,), np.float32)], self.ttnn.uint32,
-                                 self.ttnn.ROW_MAJOR_LAYOUT)
-            self.keep_internal(key, hit)
-        return hit
+        return self.internal_once(("conv_actual_start",), lambda: self.host_rows(
+            [np.zeros((1,), np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT))
 
     def _conv_native(self, x, w, carry):
         mx, xo = x
@@ -197,18 +189,15 @@ class DeltaOps:
 
     def delta_constants(self):
         """eye, tril, ones [1, 1, 32, 32] and the quadrant masks [1, 1, 32, 96], f32, per mesh."""
-        key = ("delta_constants",)
-        hit = self.internal.get(key)
-        if hit is None:
+        def make():
             c = DELTA_CHUNK
             i, j = np.arange(32)[:, None], np.arange(32)[None, :]
             lo_i, lo_j = i < 16, j < 16
             masks = np.concatenate([(lo_i & lo_j), (~lo_i & ~lo_j), (~lo_i & lo_j)], axis=1)
             arrays = [np.eye(c), np.tril(np.ones((c, c))), np.ones((c, c)), masks]
-            hit = tuple(self.host_rows([a.astype(np.float32).reshape(1, 1, *a.shape)],
-                                       self.ttnn.float32, self.ttnn.TILE_LAYOUT) for a in arrays)
-            self.keep_internal(key, hit)
-        return hit
+            return tuple(self.host_rows([a.astype(np.float32).reshape(1, 1, *a.shape)],
+                                        self.ttnn.float32, self.ttnn.TILE_LAYOUT) for a in arrays)
+        return self.internal_once(("delta_constants",), make)
 
     def _pad_heads(self, t, rows, heads, d, dp):
         """[1, 1, rows, heads*d] -> [1, 1, rows, heads*dp] with zero channels."""

@@ -78,6 +78,14 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
         for t in value if isinstance(value, tuple) else (value,):
             self.protect(t, self)
 
+    def internal_once(self, key, make):
+        """The mesh's internal tensor(s) under `key`, made by `make()` on first use."""
+        hit = self.internal.get(key)
+        if hit is None:
+            hit = make()
+            self.keep_internal(key, hit)
+        return hit
+
     def drop_internal(self, key):
         value = self.internal.pop(key, None)
         for t in value if isinstance(value, tuple) else (value,):
