@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Sources of the shared core, relative to `shim/`.
-const CORE: [&str; 5] = [
+const CORE: [&str; 6] = [
     "core/abi_library.cpp",
+    "core/abi_layers.cpp",
     "core/abi_ops.cpp",
     "core/call.cpp",
     "core/handles.cpp",

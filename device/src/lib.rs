@@ -25,7 +25,8 @@ pub use host::{
 pub use mesh::MeshShape;
 pub use numerics::{Fidelity, Numerics};
 pub use ops::{
-    AttentionSpec, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu, MeshOps, RopeSpec, RuntimeCalls,
+    AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu,
+    MeshOps, MlpLayer, RopeSpec, RuntimeCalls,
 };
 
 /// Result type of the device layer.

@@ -82,7 +82,63 @@ pub struct RuntimeCalls {
     pub seconds: f64,
 }
 
+/// A whole gated-attention sublayer of the text backbone, as a layer op takes it: the input
+/// norm, q|gate/k/v projections, q/k norms, rope, the KV append, causal attention, the gate,
+/// o_proj, its all-reduce and the residual add.
+pub struct AttentionLayer<'a, T, W> {
+    /// The residual stream `[rows, hidden]`, replicated.
+    pub h: &'a T,
+    pub norm: &'a W,
+    pub qkv: &'a W,
+    pub q_norm: &'a W,
+    pub k_norm: &'a W,
+    pub o_proj: &'a W,
+    /// The layer's keys and values from earlier chunks.
+    pub cache: Option<(&'a T, &'a T)>,
+    pub positions: &'a [[u32; 3]],
+    pub spec: AttentionSpec,
+    /// The rope of the query heads.
+    pub rope: RopeSpec,
+    pub eps: f32,
+    /// Whether o_proj's partial sums are all-reduced (a tensor-parallel plan) or complete.
+    pub all_reduce: bool,
+}
+
+/// A whole Gated DeltaNet sublayer: the input norm, the fused in_proj, the causal conv, the
+/// gates, the chunked delta rule, the gated norm, out_proj, its all-reduce and the residual add.
+pub struct DeltaNetLayer<'a, T, W> {
+    pub h: &'a T,
+    pub norm: &'a W,
+    pub in_proj: &'a W,
+    pub conv: &'a W,
+    pub a_log: &'a W,
+    pub dt_bias: &'a W,
+    pub gated_norm: &'a W,
+    pub out_proj: &'a W,
+    /// The conv carry and the recurrent state from earlier chunks.
+    pub carried: Option<(&'a T, &'a T)>,
+    pub spec: DeltaNetSpec,
+    pub eps: f32,
+    pub all_reduce: bool,
+}
+
+/// A whole MLP sublayer: the post-attention norm, gate|up, SwiGLU, down, its all-reduce and the
+/// residual add.
+pub struct MlpLayer<'a, T, W> {
+    pub h: &'a T,
+    pub norm: &'a W,
+    pub gate_up: &'a W,
+    pub down: &'a W,
+    pub eps: f32,
+    pub all_reduce: bool,
+}
+
 /// The operations of a Qwen3.5 prefill over a mesh.
+///
+/// The layer ops at the end ([`MeshOps::attention_layer`] and the others) are fixed sequences
+/// of the ops that always run together. A backend may run one in a single call, in its own
+/// layouts; by default, and wherever a backend returns `None`, the caller composes the ops
+/// (the text backbone is the definition, and the layer ops are tested against it).
 pub trait MeshOps: Sync {
     /// A tensor on the mesh (replicated, sharded or partial).
     type Tensor: Clone + Send + Sync;
@@ -274,4 +330,32 @@ pub trait MeshOps: Sync {
     /// Join every `group` consecutive rows into one row (`[rows, cols]` →
     /// `[rows/group, cols*group]`, a reshape).
     fn fold_rows(&self, x: &Self::Tensor, group: usize) -> Result<Self::Tensor>;
+
+    /// An attention sublayer in one call: the new residual stream, keys and values; `None` when
+    /// the backend does not run it for these shapes.
+    fn attention_layer(
+        &self,
+        layer: &AttentionLayer<'_, Self::Tensor, Self::Weight>,
+    ) -> Option<Result<[Self::Tensor; 3]>> {
+        let _ = layer;
+        None
+    }
+    /// A DeltaNet sublayer in one call: the new residual stream, conv carry and recurrent
+    /// state; `None` when the backend does not run it for these shapes.
+    fn delta_net_layer(
+        &self,
+        layer: &DeltaNetLayer<'_, Self::Tensor, Self::Weight>,
+    ) -> Option<Result<[Self::Tensor; 3]>> {
+        let _ = layer;
+        None
+    }
+    /// An MLP sublayer in one call: the new residual stream; `None` when the backend does not
+    /// run it for these shapes.
+    fn mlp_layer(
+        &self,
+        layer: &MlpLayer<'_, Self::Tensor, Self::Weight>,
+    ) -> Option<Result<Self::Tensor>> {
+        let _ = layer;
+        None
+    }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use clef_device::cpu::CpuMesh;
 use clef_device::formats::{pack, packed_bytes, TileFormat};
-use clef_device::tt::{MeshPlacement, Shim, TtMesh};
+use clef_device::tt::{MeshPlacement, Shim, TtMesh, TtTensor};
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, Fidelity, GatherAxis, Gelu, HostTensor, HostWeight,
     MeshOps, MeshShape, Numerics, RopeSpec, WeightFormat, WeightKind,
@@ -598,4 +598,128 @@ fn meshes_open_directly_or_as_submeshes_of_a_shared_parent_within_the_visible_de
     // Its columns are free again.
     let again = open(placement(cols, parent, cols)).unwrap();
     assert_eq!(again.status().unwrap().device_ids, ids(cols as u32));
+}
+
+/// The layer ops through the ABI's one layer-op entry: the ttnn shim runs each (results of the
+/// promised shapes and placements, a second attention chunk appends to the first's KV, every
+/// tensor freed after), the host shim declines each (`None`: the backbone composes the fine
+/// ops), and a form the ttnn package does not take is declined too. Their values against the
+/// composition: ffi/shim/ttnn/tests/test_layer_ops_mock.py (op by op, golden shadow) and
+/// tests/tt_golden.rs (the model).
+#[test]
+fn layer_ops_run_on_the_ttnn_shim_and_are_declined_where_a_backend_has_none() {
+    use clef_device::{AttentionLayer, DeltaNetLayer, MlpLayer};
+    if !two_devices("layer_ops_run_on_the_ttnn_shim_and_are_declined_where_a_backend_has_none") {
+        return;
+    }
+    let numerics = Numerics {
+        bf16_activations: true,
+        ..Numerics::default()
+    };
+    let m = tt(MeshShape::PAIR, numerics);
+    let runs = shim().backend() == "ttnn";
+    let live = m.status().unwrap().live_tensors;
+    let (hidden, t) = (64, 40);
+    let (bf16, matrix) = (WeightFormat::Bf16, WeightKind::Matrix);
+    let shape = |x: &TtTensor| {
+        let g = m.gather(x, GatherAxis::Cols).unwrap();
+        (g.rows, g.cols)
+    };
+    {
+        let h = m.replicate(&rows(t, hidden, 1)).unwrap();
+        let norm = vector(&m, hidden, 2);
+        // Attention: 2 query heads and 1 KV head of 64 per device, rotary 32.
+        let spec = AttentionSpec {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+        };
+        let qkv = weight(&m, (2 * 2 + 2) * 64, hidden, bf16, matrix, 3);
+        let (qn, kn) = (vector(&m, 64, 4), vector(&m, 64, 5));
+        let o = weight(&m, hidden, 2 * 64, bf16, matrix, 6);
+        let positions: Vec<[u32; 3]> = (0..2 * t as u32).map(|p| [p, p, p]).collect();
+        let attention = |h, cache, positions| AttentionLayer {
+            h,
+            norm: &norm,
+            qkv: &qkv,
+            q_norm: &qn,
+            k_norm: &kn,
+            o_proj: &o,
+            cache,
+            positions,
+            spec,
+            rope: RopeSpec {
+                heads: 2,
+                head_dim: 64,
+                rotary_dim: 32,
+                theta: 1e7,
+                mrope_section: [6, 5, 5],
+            },
+            eps: 1e-6,
+            all_reduce: true,
+        };
+        let first = m.attention_layer(&attention(&h, None, &positions[..t]));
+        // DeltaNet: 1 key and 1 value head of 32 per device (conv channels 96).
+        let delta_spec = DeltaNetSpec {
+            key_heads: 1,
+            value_heads: 1,
+            key_dim: 32,
+            value_dim: 32,
+            conv_kernel: 4,
+        };
+        let in_proj = weight(&m, 96 + 32 + 2, hidden, bf16, matrix, 7);
+        let conv = vector(&m, 96 * 4, 8);
+        let (a_log, dt_bias, gnorm) = (vector(&m, 1, 9), vector(&m, 1, 10), vector(&m, 32, 11));
+        let out_proj = weight(&m, hidden, 32, bf16, matrix, 12);
+        let delta = m.delta_net_layer(&DeltaNetLayer {
+            h: &h,
+            norm: &norm,
+            in_proj: &in_proj,
+            conv: &conv,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            gated_norm: &gnorm,
+            out_proj: &out_proj,
+            carried: None,
+            spec: delta_spec,
+            eps: 1e-6,
+            all_reduce: true,
+        });
+        let gate_up = weight(&m, 2 * 64, hidden, bf16, matrix, 13);
+        let down = weight(&m, hidden, 64, bf16, matrix, 14);
+        let mlp = m.mlp_layer(&MlpLayer {
+            h: &h,
+            norm: &norm,
+            gate_up: &gate_up,
+            down: &down,
+            eps: 1e-6,
+            all_reduce: true,
+        });
+        // A rotary width rotary_embedding_hf refuses: declined by every backend.
+        let mut odd = attention(&h, None, &positions[..t]);
+        odd.rope.rotary_dim = 8;
+        odd.rope.mrope_section = [2, 1, 1];
+        assert!(m.attention_layer(&odd).is_none());
+        if !runs {
+            assert!(first.is_none() && delta.is_none() && mlp.is_none());
+        } else {
+            let [h1, keys, values] = first.expect("the ttnn shim runs attention").unwrap();
+            assert_eq!(
+                (shape(&h1), shape(&keys), shape(&values)),
+                ((t, hidden), (t, 2 * 64), (t, 2 * 64))
+            );
+            let second =
+                m.attention_layer(&attention(&h1, Some((&keys, &values)), &positions[t..]));
+            let [_, keys2, _] = second.expect("with a cache").unwrap();
+            assert_eq!(shape(&keys2), (2 * t, 2 * 64));
+            let [h2, carry, state] = delta.expect("the ttnn shim runs DeltaNet").unwrap();
+            assert_eq!(
+                (shape(&h2), shape(&carry), shape(&state)),
+                ((t, hidden), (3, 2 * 96), (32, 2 * 32))
+            );
+            let h3 = mlp.expect("the ttnn shim runs the MLP").unwrap();
+            assert_eq!(shape(&h3), (t, hidden));
+        }
+    }
+    assert_eq!(m.status().unwrap().live_tensors, live);
 }

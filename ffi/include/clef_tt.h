@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define CLEF_TT_ABI_VERSION 3
+#define CLEF_TT_ABI_VERSION 4
 
 /* Most devices a mesh of this ABI can hold. */
 #define CLEF_TT_MAX_DEVICES 8
@@ -59,6 +59,9 @@ typedef enum clef_tt_status {
   CLEF_TT_OUT_OF_MEMORY = 3,
   /* Anything else the shim caught (a bug in the shim). */
   CLEF_TT_INTERNAL = 4,
+  /* A layer op the backend does not run for these arguments (clef_tt_layer_op): nothing was
+   * computed, and the caller composes the layer from the ops. */
+  CLEF_TT_UNSUPPORTED = 5,
 } clef_tt_status;
 
 /* Element formats. */
@@ -159,6 +162,14 @@ int clef_tt_mesh_describe(const clef_tt_mesh *mesh, char *out, size_t capacity, 
  * them. "{}" for the host backend. */
 int clef_tt_mesh_take_op_stats(clef_tt_mesh *mesh, char *out, size_t capacity, size_t *len);
 
+/* A request to the mesh's backend that is not an op, as a JSON object; its answer as JSON (see
+ * clef_tt_describe for `out`/`len`). The ttnn backend takes {"graph_capture": "begin"} and
+ * {"graph_capture": "end"} (ttnn's graph capture around the calls in between: the answer
+ * counts the device operations, per program, with the data-movement ops and their bytes).
+ * CLEF_TT_UNSUPPORTED for a request the backend does not know (the host backend knows none).
+ * The request runs once: a too-small `out` gets the answer's length, but the answer is lost. */
+int clef_tt_mesh_command(clef_tt_mesh *mesh, const char *request_json, char *out,
+                         size_t capacity, size_t *len);
 /* ---- tensors ---------------------------------------------------------------------------- */
 
 typedef struct clef_tt_tensor_desc {
@@ -259,6 +270,29 @@ typedef struct clef_tt_rope_spec {
   uint32_t mrope_section[3];
   double theta;
 } clef_tt_rope_spec;
+
+/* The shape a caller gives one result of clef_tt_layer_op: an activation of `rows` x `cols` per
+ * device (in the mesh's activation dtype or f32) with `placement`. */
+typedef struct clef_tt_result_spec {
+  uint32_t rows;
+  uint32_t cols;
+  clef_tt_placement placement;
+} clef_tt_result_spec;
+
+/* A layer op: a fixed sequence of the ops below that always runs together (a whole attention,
+ * DeltaNet or MLP sublayer of the text backbone), run by the backend in one call and in its
+ * own layouts. `op` names it; `inputs` are its tensors in the op's order, a null entry for an
+ * absent optional one (a cache or state at the sequence start); `params_json` is a JSON object
+ * of its sizes and settings; `rope`, `positions` and `rows` are the rope of its rows, or null.
+ * The caller gives each result's shape in `results`; the backend's results are checked against
+ * them. The ops, their inputs and results are listed where they are implemented
+ * (ffi/shim/ttnn/clef_tt_ttnn/layers.py) and called (clef-device's MeshOps layer methods).
+ * CLEF_TT_UNSUPPORTED: the backend does not run `op` for these arguments (nothing computed). */
+int clef_tt_layer_op(clef_tt_mesh *mesh, const char *op, const clef_tt_tensor *const *inputs,
+                     uint32_t n_inputs, const char *params_json, const clef_tt_rope_spec *rope,
+                     const uint32_t *positions, uint32_t rows,
+                     const clef_tt_result_spec *results, uint32_t n_results,
+                     clef_tt_tensor **outs);
 
 /* Partial M-RoPE; `positions` holds (t, h, w) for each of the `rows` rows (the shim computes
  * the cos/sin tables of these positions on the host). */

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,6 +79,9 @@ class DeviceMesh {
   // The calls the backend made to its runtime since the last take, per op name, as a JSON
   // object {"name": [calls, host seconds]} ("{}" for a backend without a runtime).
   virtual std::string take_op_stats() { return "{}"; }
+  // A request that is not an op (clef_tt_mesh_command), JSON in and out; throws
+  // CLEF_TT_UNSUPPORTED for one the backend does not know.
+  virtual std::string command(const std::string& request_json) = 0;
 
   // One HostBytes per device (the core repeats a replicated upload's part).
   virtual StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) = 0;
@@ -133,6 +137,15 @@ class DeviceMesh {
                                        const TensorView& v, uint32_t heads, uint32_t head_dim,
                                        const std::vector<Segment>& segments) = 0;
   virtual StoragePtr fold_rows(const TensorView& x, uint32_t group) = 0;
+
+  // A layer op (clef_tt_layer_op): the results in the caller's order. `inputs` holds the op's
+  // tensors (empty for an absent optional one), `rope` the tables of the positions or null. A
+  // backend without the op, or without a form for these shapes, throws CLEF_TT_UNSUPPORTED
+  // before computing anything (the host backend has none: it composes nothing itself).
+  virtual std::vector<StoragePtr> layer_op(const std::string& op,
+                                           const std::vector<std::optional<TensorView>>& inputs,
+                                           const std::string& params_json,
+                                           const RopeTables* rope) = 0;
 };
 
 // A parent mesh that submeshes are taken from (a 1x4 box serving two 1x2 groups).

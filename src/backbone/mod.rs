@@ -7,6 +7,7 @@
 //! recurrent state of the DeltaNet layers) and returns the state at its end, so a prompt can be
 //! computed as a prefix pass and a tail pass.
 
+mod layer;
 pub mod plan;
 mod weights;
 
@@ -76,7 +77,8 @@ pub struct Backbone<B: MeshOps> {
     plan: TpPlan,
     layers: Vec<LayerWeights<B::Weight>>,
     final_norm: B::Weight,
-    embeddings: RowTable,
+    /// The checkpoint's embedding table; none for a synthetic backbone (prefill from rows).
+    embeddings: Option<RowTable>,
     /// Round embedding rows to bf16 (the device's embedding table).
     bf16_embeddings: bool,
 }
@@ -134,9 +136,29 @@ impl<B: MeshOps> Backbone<B> {
             plan,
             layers,
             final_norm,
-            embeddings: ckpt.embeddings()?,
+            embeddings: Some(ckpt.embeddings()?),
             bf16_embeddings,
         })
+    }
+
+    /// A backbone of `config` around weights placed without a checkpoint (synthetic weights
+    /// for measuring the device path, `clef-tt bench prefill --shape`): it has no embedding
+    /// table, so it prefills from embedding rows ([`Backbone::prefill_embedded`]) only.
+    pub fn synthetic(
+        config: TextConfig,
+        mesh: B,
+        plan: TpPlan,
+        (layers, final_norm): PlacedWeights<B::Weight>,
+    ) -> Self {
+        Backbone {
+            mesh,
+            config,
+            plan,
+            layers,
+            final_norm,
+            embeddings: None,
+            bf16_embeddings: false,
+        }
     }
 
     pub fn config(&self) -> &TextConfig {
@@ -229,11 +251,14 @@ impl<B: MeshOps> Backbone<B> {
     pub fn embed(&self, ids: &[u32]) -> Result<HostTensor, PrefillError> {
         let h = self.config.hidden_size;
         let rows: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
-        let mut data = self.embeddings.rows_f32(&rows).map_err(|e| match e {
+        let table = self.embeddings.as_ref().ok_or_else(|| {
+            PrefillError::Weights("a synthetic backbone has no embedding table".into())
+        })?;
+        let mut data = table.rows_f32(&rows).map_err(|e| match e {
             RowError::OutOfRange { at, .. } => PrefillError::TokenId {
                 id: ids[at],
                 at,
-                vocab: self.embeddings.rows(),
+                vocab: table.rows(),
             },
             other => PrefillError::Weights(other.to_string()),
         })?;
@@ -288,6 +313,9 @@ impl<B: MeshOps> Backbone<B> {
                 )));
             }
         }
+        // Layer ops (one backend call per sublayer) unless intermediates are traced: the
+        // tracer names the fine ops' results.
+        let layer_ops = tracer.is_none();
         let mut trace = |name: String, f: &dyn Fn() -> Result<HostTensor, DeviceError>| {
             if let Some(tr) = tracer.as_mut() {
                 if let Ok(v) = f() {
@@ -300,64 +328,9 @@ impl<B: MeshOps> Backbone<B> {
         let mut next_layers = Vec::with_capacity(self.layers.len());
         for (i, lw) in self.layers.iter().enumerate() {
             let prev = state.map(|s| &s.layers[i]);
-            let x = m.rms_norm(&h, &lw.input_norm, cfg.hidden_size, eps, true)?;
-            trace(format!("layers.{i}.input_layernorm"), &|| {
-                m.gather(&x, GatherAxis::Cols)
-            });
-            let (mixed, layer_state) = match &lw.mixer {
-                MixerWeights::Attention {
-                    qkv,
-                    q_norm,
-                    k_norm,
-                    o_proj,
-                } => {
-                    let cache = match prev {
-                        Some(LayerState::Attention { keys, values }) => Some((keys, values)),
-                        None => None,
-                        Some(_) => {
-                            return Err(PrefillError::State(format!(
-                                "layer {i}: a DeltaNet state for an attention layer"
-                            )))
-                        }
-                    };
-                    self.attention(
-                        i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, &mut trace,
-                    )?
-                }
-                MixerWeights::DeltaNet {
-                    in_proj,
-                    conv,
-                    a_log,
-                    dt_bias,
-                    norm,
-                    out_proj,
-                } => {
-                    let carried = match prev {
-                        Some(LayerState::DeltaNet { conv, recurrent }) => Some((conv, recurrent)),
-                        None => None,
-                        Some(_) => {
-                            return Err(PrefillError::State(format!(
-                                "layer {i}: an attention state for a DeltaNet layer"
-                            )))
-                        }
-                    };
-                    self.delta_net(
-                        i, &x, in_proj, conv, a_log, dt_bias, norm, out_proj, carried, &mut trace,
-                    )?
-                }
-            };
-            h = m.add(&h, &mixed)?;
-            let x = m.rms_norm(&h, &lw.post_norm, cfg.hidden_size, eps, true)?;
-            trace(format!("layers.{i}.post_attention_layernorm"), &|| {
-                m.gather(&x, GatherAxis::Cols)
-            });
-            let gu = m.linear(&x, &lw.gate_up)?;
-            let act = m.swiglu(&gu)?;
-            let down = self.reduce(i, m.linear(&act, &lw.down)?)?;
-            trace(format!("layers.{i}.mlp"), &|| {
-                m.gather(&down, GatherAxis::Cols)
-            });
-            h = m.add(&h, &down)?;
+            let (mixed_h, layer_state) =
+                self.mixer(i, &h, lw, prev, positions, layer_ops, &mut trace)?;
+            h = self.mlp(i, &mixed_h, lw, layer_ops, &mut trace)?;
             trace(format!("layers.{i}.out"), &|| {
                 m.gather(&h, GatherAxis::Cols)
             });
@@ -398,13 +371,8 @@ impl<B: MeshOps> Backbone<B> {
     ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
         let m = &self.mesh;
         let cfg = &self.config;
-        let tp = self.plan.devices;
-        let d = cfg.head_dim;
-        let spec = AttentionSpec {
-            heads: cfg.num_attention_heads / tp,
-            kv_heads: cfg.num_key_value_heads / tp,
-            head_dim: d,
-        };
+        let spec = self.attention_spec();
+        let d = spec.head_dim;
         let p = format!("layers.{i}.self_attn");
         let fused = m.linear(x, qkv)?;
         let parts = m.split_cols(
@@ -420,15 +388,8 @@ impl<B: MeshOps> Backbone<B> {
         let k = m.rms_norm(k, k_norm, d, cfg.rms_norm_eps, true)?;
         trace(format!("{p}.q_norm"), &|| m.gather(&q, GatherAxis::Cols));
         trace(format!("{p}.k_norm"), &|| m.gather(&k, GatherAxis::Cols));
-        let rope = |heads| RopeSpec {
-            heads,
-            head_dim: d,
-            rotary_dim: cfg.rotary_dim(),
-            theta: cfg.rope_theta,
-            mrope_section: cfg.mrope_section,
-        };
-        let q = m.rope(&q, &rope(spec.heads), positions)?;
-        let k = m.rope(&k, &rope(spec.kv_heads), positions)?;
+        let q = m.rope(&q, &self.rope_spec(spec.heads), positions)?;
+        let k = m.rope(&k, &self.rope_spec(spec.kv_heads), positions)?;
         let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
         let values = m.append_rows(cache.map(|c| c.1), v, spec.kv_heads)?;
         let attn = m.causal_attention(&q, &keys, &values, &spec)?;
@@ -500,6 +461,29 @@ impl<B: MeshOps> Backbone<B> {
                 recurrent,
             },
         ))
+    }
+
+    /// The per-device attention shape under the plan.
+    fn attention_spec(&self) -> AttentionSpec {
+        let cfg = &self.config;
+        let tp = self.plan.devices;
+        AttentionSpec {
+            heads: cfg.num_attention_heads / tp,
+            kv_heads: cfg.num_key_value_heads / tp,
+            head_dim: cfg.head_dim,
+        }
+    }
+
+    /// The rope of `heads` attention heads.
+    fn rope_spec(&self, heads: usize) -> RopeSpec {
+        let cfg = &self.config;
+        RopeSpec {
+            heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim(),
+            theta: cfg.rope_theta,
+            mrope_section: cfg.mrope_section,
+        }
     }
 
     /// The per-device DeltaNet shape under the plan.

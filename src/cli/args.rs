@@ -355,13 +355,22 @@ pub enum BenchCommand {
     Prefill {
         #[arg(long, env = "CLEF_MODEL")]
         model: Option<String>,
-        /// Prompt lengths in tokens.
-        #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+        /// Prompt lengths in tokens (with --shape: chunk lengths; default 128,512,1024).
+        #[arg(long, value_delimiter = ',')]
         tokens: Vec<usize>,
         /// Precision profiles (f32, bf16, selected, stage1, fast): weight formats and the
-        /// numerics they are served with (bf16 activations under bf16, for example).
-        #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+        /// numerics they are served with (bf16 activations under bf16, for example). Default
+        /// f32,bf16; with --shape, selected.
+        #[arg(long, value_delimiter = ',')]
         precision: Vec<String>,
+        /// Measure one prefill chunk of this model shape instead of a checkpoint (`--device tt`
+        /// only): synthetic weights allocated on the devices, never uploaded; device ops (ttnn's
+        /// graph capture), ttnn and ABI calls, host ms and data movement per chunk.
+        #[arg(long, value_enum)]
+        shape: Option<clef_tt::random::Shape>,
+        /// With --shape: positions the measured chunks start at (reached by prefilling first).
+        #[arg(long, value_delimiter = ',', default_value = "0,15360")]
+        start: Vec<usize>,
         /// Mesh shapes.
         #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
         mesh: Vec<String>,

@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod bench_chunk;
 pub mod bench_http;
 pub mod convert;
 pub mod decide;
@@ -288,6 +289,15 @@ fn plan_on_device(
     Ok(())
 }
 
+/// What runs a shim's ops: `silicon`, `mock` or `host`.
+fn hardware(shim: &clef_device::tt::Shim) -> String {
+    shim.describe()
+        .ok()
+        .and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
+        .and_then(|v| v["hardware"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "tt".into())
+}
+
 fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
     println!(
         "CPU kernels: {} ({} threads)\n",
@@ -302,8 +312,65 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             mesh,
             repeat,
             profile,
+            shape: Some(shape),
+            start,
             device,
         } => {
+            if model.is_some() || profile {
+                bail!("--shape measures synthetic weights: drop --model and --profile");
+            }
+            let device::Device::Tt(shim) = device.resolve()? else {
+                bail!("--shape measures the Tenstorrent device path: pass --device tt");
+            };
+            let tokens = if tokens.is_empty() {
+                vec![128, 512, 1024]
+            } else {
+                tokens
+            };
+            let names = if precision.is_empty() {
+                vec!["selected".to_string()]
+            } else {
+                precision
+            };
+            let (config, _) = clef_tt::random::shape_configs(shape);
+            for name in &names {
+                let p = Precision::resolve(name, |_| None)?;
+                for m in &mesh {
+                    let shape_of_mesh: MeshShape = m.parse()?;
+                    let tt =
+                        device::open_tt(&shim, MeshLayout::single(shape_of_mesh), 0, p.numerics())?;
+                    let bb = bench_chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
+                    let rows = bench_chunk::measure(&bb, &tokens, &start, repeat)?;
+                    println!(
+                        "{shape:?} on a {shape_of_mesh} {} mesh, profile {}:\n",
+                        hardware(&shim),
+                        p.name
+                    );
+                    print!("{}", bench_chunk::table(&rows));
+                }
+            }
+        }
+        BenchCommand::Prefill {
+            model,
+            tokens,
+            precision,
+            mesh,
+            repeat,
+            profile,
+            shape: None,
+            start: _,
+            device,
+        } => {
+            let tokens = if tokens.is_empty() {
+                vec![512, 2048]
+            } else {
+                tokens
+            };
+            let precision = if precision.is_empty() {
+                vec!["f32".to_string(), "bf16".to_string()]
+            } else {
+                precision
+            };
             let ckpt = open(model, None)?;
             let device = device.resolve()?;
             let profiles = precision

@@ -12,6 +12,8 @@ use tt_metal_sys::{clef_tt_mesh, clef_tt_tensor, clef_tt_tensor_info};
 pub(super) struct MeshHandle {
     pub shim: Arc<Shim>,
     pub raw: NonNull<clef_tt_mesh>,
+    /// Op calls made through the C ABI on this mesh (every clone of its TtMesh counts here).
+    pub op_calls: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the shim serialises the calls on one mesh and may be called from any thread.

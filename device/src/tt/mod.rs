@@ -19,6 +19,7 @@
 //! maps every op to its C call.
 
 mod handles;
+mod layers;
 mod ops;
 mod shim;
 
@@ -156,6 +157,7 @@ impl TtMesh {
         let mesh = Arc::new(MeshHandle {
             shim: shim.clone(),
             raw,
+            op_calls: Default::default(),
         });
         let mut devices = 0u32;
         // SAFETY: an open mesh; `devices` outlives the call.
@@ -315,8 +317,77 @@ impl TtMesh {
         Ok(TtTensor(Arc::new(TensorHandle::adopt(&self.mesh, raw)?)))
     }
 
+    /// Count one op call through the C ABI.
+    fn count_call(&self) {
+        self.mesh
+            .op_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Op calls made through the C ABI since the last take (one per op or layer op; uploads,
+    /// downloads and queries not counted).
+    pub fn take_op_calls(&self) -> u64 {
+        self.mesh
+            .op_calls
+            .swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A request to the backend that is not an op (`clef_tt_mesh_command`, JSON in and out):
+    /// the ttnn shim's graph capture ({"graph_capture": "begin" | "end"}). Runs once (the
+    /// answer is read into a buffer of 1 MiB, never retried).
+    pub fn command(&self, request: &str) -> Result<String> {
+        let request = std::ffi::CString::new(request).map_err(|_| DeviceError::Shape {
+            op: "mesh_command",
+            detail: "a request with a NUL".into(),
+        })?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut len = 0usize;
+        // SAFETY: an open mesh; the request, the buffer and `len` outlive the call, which
+        // writes at most the buffer's length.
+        let status = unsafe {
+            self.shim().lib.clef_tt_mesh_command(
+                self.raw(),
+                request.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut len,
+            )
+        };
+        self.shim().check(status)?;
+        buf.truncate(len.min(buf.len()));
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// A matrix weight of `outputs` x `inputs` per device in `format`, allocated on the
+    /// devices with its values unset (no host data moves): synthetic weights for measuring
+    /// a model's device path without uploading it (`clef-tt bench prefill --shape`).
+    pub fn allocate_weight(
+        &self,
+        outputs: usize,
+        inputs: usize,
+        format: WeightFormat,
+    ) -> Result<TtWeight> {
+        let t = self.allocate(Allocation::Matrix {
+            inputs,
+            outputs,
+            format,
+        })?;
+        let handle = Arc::try_unwrap(t.0).map_err(|_| DeviceError::Shim {
+            status: "internal error",
+            message: "a new allocation is shared".into(),
+        })?;
+        Ok(TtWeight {
+            handle,
+            format,
+            kind: WeightKind::Matrix,
+            rows: outputs,
+            cols: inputs,
+        })
+    }
+
     /// Runs a call with one output tensor.
     fn call1(&self, f: impl FnOnce(*mut *mut sys::clef_tt_tensor) -> i32) -> Result<TtTensor> {
+        self.count_call();
         let mut out = null_mut();
         self.shim().check(f(&mut out))?;
         self.adopt(out)
@@ -327,6 +398,7 @@ impl TtMesh {
         &self,
         f: impl FnOnce(*mut *mut sys::clef_tt_tensor, *mut *mut sys::clef_tt_tensor) -> i32,
     ) -> Result<(TtTensor, TtTensor)> {
+        self.count_call();
         let (mut a, mut b) = (null_mut(), null_mut());
         self.shim().check(f(&mut a, &mut b))?;
         Ok((self.adopt(a)?, self.adopt(b)?))

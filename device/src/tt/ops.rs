@@ -6,15 +6,18 @@
 //! outlives the call, every parameter struct or slice outlives the call, and the output
 //! pointers are the call helpers' locals.
 
+use super::layers::{optional_input, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{
-    AttentionSpec, DeltaNetSpec, GatherAxis, Gelu, HostTensor, HostWeight, MeshOps, MeshShape,
-    Numerics, Result, RopeSpec, WeightBytes, WeightFormat, WeightKind,
+    AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu, HostTensor,
+    HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, WeightBytes,
+    WeightFormat, WeightKind,
 };
+use serde_json::json;
 use std::ptr::null;
 use tt_metal_sys as sys;
 
-fn matmul_config(n: &Numerics) -> sys::clef_tt_matmul_config {
+pub(super) fn matmul_config(n: &Numerics) -> sys::clef_tt_matmul_config {
     use crate::Fidelity;
     sys::clef_tt_matmul_config {
         fidelity: match n.fidelity {
@@ -136,6 +139,7 @@ impl MeshOps for TtMesh {
             .collect::<Result<_>>()?;
         let n = dim("split_cols", "blocks", w.len())?;
         let mut outs = vec![std::ptr::null_mut(); w.len()];
+        self.count_call();
         self.shim().check(unsafe {
             self.shim().lib.clef_tt_split_cols(
                 self.raw(),
@@ -204,19 +208,8 @@ impl MeshOps for TtMesh {
     }
 
     fn rope(&self, x: &TtTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<TtTensor> {
-        let op = "rope";
-        let c = sys::clef_tt_rope_spec {
-            heads: dim(op, "heads", spec.heads)?,
-            head_dim: dim(op, "head dim", spec.head_dim)?,
-            rotary_dim: dim(op, "rotary dim", spec.rotary_dim)?,
-            mrope_section: [
-                dim(op, "section", spec.mrope_section[0])?,
-                dim(op, "section", spec.mrope_section[1])?,
-                dim(op, "section", spec.mrope_section[2])?,
-            ],
-            theta: spec.theta,
-        };
-        let rows = dim(op, "rows", positions.len())?;
+        let c = super::layers::rope_spec("rope", spec)?;
+        let rows = dim("rope", "rows", positions.len())?;
         // `[[u32; 3]]` is laid out as 3 * rows consecutive u32.
         let flat = positions.as_ptr().cast::<u32>();
         self.call1(|out| unsafe {
@@ -449,5 +442,108 @@ impl MeshOps for TtMesh {
                 .lib
                 .clef_tt_fold_rows(self.raw(), x.raw(), group, out)
         })
+    }
+
+    // The layer ops: one clef_tt_layer_op call each (layers.rs); None where the shim does
+    // not run them.
+    fn attention_layer(
+        &self,
+        l: &AttentionLayer<'_, TtTensor, TtWeight>,
+    ) -> Option<Result<[TtTensor; 3]>> {
+        let run = || -> Result<Option<[TtTensor; 3]>> {
+            let rows = self.rows_of(l.h)?;
+            let start = l.cache.map_or(Ok(0), |(k, _)| self.rows_of(k))?;
+            let kv_cols = l.spec.kv_heads * l.spec.head_dim;
+            let inputs = [
+                Input::Tensor(l.h),
+                Input::Weight(l.norm),
+                Input::Weight(l.qkv),
+                Input::Weight(l.q_norm),
+                Input::Weight(l.k_norm),
+                Input::Weight(l.o_proj),
+                optional_input(l.cache.map(|c| c.0)),
+                optional_input(l.cache.map(|c| c.1)),
+            ];
+            let params = json!({
+                "heads": l.spec.heads, "kv_heads": l.spec.kv_heads, "head_dim": l.spec.head_dim,
+                "eps": l.eps, "reduce": l.all_reduce,
+            });
+            let results = [
+                (rows, self.cols_of(l.h)?, sys::CLEF_TT_REPLICATED),
+                (start + rows, kv_cols, self.per_device()),
+                (start + rows, kv_cols, self.per_device()),
+            ];
+            let out = self.layer_op(
+                "attention",
+                &inputs,
+                params,
+                Some((&l.rope, l.positions)),
+                &results,
+            )?;
+            Ok(out.and_then(three))
+        };
+        run().transpose()
+    }
+
+    fn delta_net_layer(
+        &self,
+        l: &DeltaNetLayer<'_, TtTensor, TtWeight>,
+    ) -> Option<Result<[TtTensor; 3]>> {
+        let run = || -> Result<Option<[TtTensor; 3]>> {
+            let s = &l.spec;
+            let inputs = [
+                Input::Tensor(l.h),
+                Input::Weight(l.norm),
+                Input::Weight(l.in_proj),
+                Input::Weight(l.conv),
+                Input::Weight(l.a_log),
+                Input::Weight(l.dt_bias),
+                Input::Weight(l.gated_norm),
+                Input::Weight(l.out_proj),
+                optional_input(l.carried.map(|c| c.0)),
+                optional_input(l.carried.map(|c| c.1)),
+            ];
+            let params = json!({
+                "key_heads": s.key_heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
+                "value_dim": s.value_dim, "conv_kernel": s.conv_kernel, "eps": l.eps,
+                "reduce": l.all_reduce,
+            });
+            let results = [
+                (
+                    self.rows_of(l.h)?,
+                    self.cols_of(l.h)?,
+                    sys::CLEF_TT_REPLICATED,
+                ),
+                (
+                    s.conv_kernel.saturating_sub(1),
+                    s.conv_channels(),
+                    self.per_device(),
+                ),
+                (s.value_heads * s.key_dim, s.value_dim, self.per_device()),
+            ];
+            let out = self.layer_op("delta_net", &inputs, params, None, &results)?;
+            Ok(out.and_then(three))
+        };
+        run().transpose()
+    }
+
+    fn mlp_layer(&self, l: &MlpLayer<'_, TtTensor, TtWeight>) -> Option<Result<TtTensor>> {
+        let run = || -> Result<Option<TtTensor>> {
+            let inputs = [
+                Input::Tensor(l.h),
+                Input::Weight(l.norm),
+                Input::Weight(l.gate_up),
+                Input::Weight(l.down),
+            ];
+            let params = json!({"eps": l.eps, "reduce": l.all_reduce});
+            let results = [(
+                self.rows_of(l.h)?,
+                self.cols_of(l.h)?,
+                sys::CLEF_TT_REPLICATED,
+            )];
+            let out = self.layer_op("mlp", &inputs, params, None, &results)?;
+            Ok(out.and_then(|v| v.into_iter().next()))
+        };
+        run().transpose()
     }
 }

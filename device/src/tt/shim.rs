@@ -197,6 +197,7 @@ impl Shim {
             tt_metal_sys::CLEF_TT_INVALID_ARGUMENT => "invalid argument",
             tt_metal_sys::CLEF_TT_DEVICE_ERROR => "device error",
             tt_metal_sys::CLEF_TT_OUT_OF_MEMORY => "out of memory",
+            tt_metal_sys::CLEF_TT_UNSUPPORTED => "unsupported",
             _ => "internal error",
         };
         Err(DeviceError::Shim { status, message })

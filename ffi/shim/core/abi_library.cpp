@@ -249,6 +249,15 @@ int clef_tt_mesh_take_op_stats(clef_tt_mesh* mesh, char* out, size_t capacity, s
   });
 }
 
+int clef_tt_mesh_command(clef_tt_mesh* mesh, const char* request_json, char* out,
+                         size_t capacity, size_t* len) {
+  return guarded("mesh_command", [&] {
+    Call call(mesh, "mesh_command");
+    if (request_json == nullptr) invalid("argument request_json is null");
+    write_text(call.device().command(request_json), out, capacity, len);
+  });
+}
+
 int clef_tt_tensor_upload(clef_tt_mesh* mesh, const clef_tt_tensor_desc* desc,
                           const clef_tt_host_part* parts, uint32_t n_parts,
                           clef_tt_tensor** out) {

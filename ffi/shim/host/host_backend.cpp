@@ -348,6 +348,20 @@ class HostMesh : public DeviceMesh {
     });
   }
 
+  std::string command(const std::string& request_json) override {
+    throw Error(CLEF_TT_UNSUPPORTED, "the host backend takes no mesh command (" +
+                                         request_json + ")");
+  }
+
+  // The host backend runs no layer op: the caller composes each layer from the ops above,
+  // which is what this backend exists to check.
+  std::vector<StoragePtr> layer_op(const std::string& op,
+                                   const std::vector<std::optional<TensorView>>& /*inputs*/,
+                                   const std::string& /*params_json*/,
+                                   const RopeTables* /*rope*/) override {
+    throw Error(CLEF_TT_UNSUPPORTED, "the host backend runs no layer op (" + op + ")");
+  }
+
  private:
   // Device `d`'s part of any tensor as f32 rows.
   static Rows rows(const TensorView& t, uint32_t d) {

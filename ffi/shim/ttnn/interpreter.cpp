@@ -183,6 +183,8 @@ void python_error(const char* what, py::error_already_set& e) {
              message.find("Out of Memory") != std::string::npos ||
              message.find("out of memory") != std::string::npos;
   if (e.matches(PyExc_ValueError)) throw Error(CLEF_TT_INVALID_ARGUMENT, message);
+  // A layer op (or a form of one) the package does not run: raised before any ttnn call.
+  if (e.matches(PyExc_NotImplementedError)) throw Error(CLEF_TT_UNSUPPORTED, message);
   if (oom) throw Error(CLEF_TT_OUT_OF_MEMORY, message);
   throw Error(CLEF_TT_DEVICE_ERROR, message);
 }

@@ -160,6 +160,14 @@ class PyMesh : public DeviceMesh {
     });
   }
 
+  std::string command(const std::string& request_json) override {
+    return with_python("command", [&] {
+      py::module_ json = py::module_::import("json");
+      py::object answer = mesh_->attr("command")(json.attr("loads")(request_json));
+      return py::cast<std::string>(json.attr("dumps")(answer));
+    });
+  }
+
   StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) override {
     return op("upload", [&] {
       py::list views;
@@ -341,6 +349,28 @@ class PyMesh : public DeviceMesh {
       py::list list;
       for (const Segment& s : segments) list.append(py::make_tuple(s.start, s.end));
       return mesh_->attr("segment_attention")(arg(q), arg(k), arg(v), heads, head_dim, list);
+    });
+  }
+
+  std::vector<StoragePtr> layer_op(const std::string& name,
+                                   const std::vector<std::optional<TensorView>>& inputs,
+                                   const std::string& params_json,
+                                   const RopeTables* rope) override {
+    return with_python("layer_op", [&] {
+      py::list tensors;
+      for (const std::optional<TensorView>& t : inputs) {
+        tensors.append(t.has_value() ? py::object(arg(*t)) : py::object(py::none()));
+      }
+      py::object params = py::module_::import("json").attr("loads")(params_json);
+      py::object tables = py::none();
+      if (rope != nullptr) {
+        tables = py::make_tuple(rope->rows, rope->half, float_bytes(rope->cos),
+                                float_bytes(rope->sin));
+      }
+      py::list made = mesh_->attr("layer_op")(name, tensors, params, tables);
+      std::vector<StoragePtr> out;
+      for (py::handle r : made) out.push_back(wrap(py::reinterpret_borrow<py::object>(r)));
+      return out;
     });
   }
 

@@ -2,8 +2,8 @@
 
 causal_attention: q rows are the last positions of keys/values (start = keys rows - q rows).
 As the port's chunked prefill: q [1, heads, T, d] against the paged K/V pools through
-`transformer.chunked_scaled_dot_product_attention` with an identity page table zero-padded to a
-multiple of 32 columns, chunk_start_idx = start, q/k chunks from programs.sdpa_chunks, scale
+`transformer.chunked_scaled_dot_product_attention` with the page table of the handles' blocks
+(kv_cache.py) zero-padded to a multiple of 32 columns, chunk_start_idx = start, q/k chunks from programs.sdpa_chunks, scale
 head_dim^-0.5. ttnn needs chunk_start_idx to be a multiple of the q chunk: a start that is not a
 multiple of 32 is moved back to the multiple of 32 below it and q is prefixed with that many
 zero rows (their outputs are dropped; causality keeps every real row's keys exactly
@@ -21,22 +21,6 @@ from .programs import precise, sdpa_chunks, sdpa_program
 
 class Attention:
     """causal_attention, segment_attention (mesh mixin)."""
-
-    def _q_heads(self, t, heads, d, dp, front=0):
-        """[1, 1, T, heads*d] -> [1, heads, front + T, dp] bf16 (front zero rows)."""
-        x = self.heads_first(t, heads, d)
-        y = self.pad_end(x, 3, dp)
-        z = self.typecast(y, self.kv_dtype())
-        if front:
-            zeros = self.zeros((1, heads, front, dp), self.kv_dtype())
-            w = self.concat([zeros, z], 2)
-            self.drop(zeros)
-        else:
-            w = z
-        for tmp in (x, y, z):
-            if tmp is not w:
-                self.drop(tmp)
-        return w
 
     def _heads_out(self, o, r0, r1, d):
         """[1, heads, L, dp] rows [r0, r1), first d channels -> [1, 1, r1-r0, heads*d] in the
@@ -59,32 +43,47 @@ class Attention:
                              % (mq.rows, mq.cols, mk.rows, mk.cols, heads, kv_heads, d))
         k, k_made = self.as_kv(keys, kv_heads)
         v, v_made = self.as_kv(values, kv_heads)
-        dp = k.pool.dp
-        t = mq.rows
-        start = k.rows - t
-        front = start % TILE_SIZE
-        aligned = start - front
-        length = front + t
-        q_chunk, k_chunk = sdpa_chunks(length, aligned)
-        qh = self._q_heads(qo.t, heads, d, dp, front)
-        needed = (aligned + round_up(length, q_chunk) + KV_BLOCK - 1) // KV_BLOCK
-        columns = round_up(needed, 32)
-        real = min(needed, k.pool.cap, v.pool.cap)
-        table = self.page_table(0, real, columns)
-        o = self.tt.call("transformer.chunked_scaled_dot_product_attention",
-                         self.ttnn.transformer.chunked_scaled_dot_product_attention,
-                         qh, k.pool.t, v.pool.t, table, chunk_start_idx=aligned,
-                         scale=f32(d ** -0.5), program_config=sdpa_program(self.ttnn, self.grid,
-                                                                      q_chunk, k_chunk),
-                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+        qh = self.kv_input(qo.t, heads, d, k.pool.dp)
+        o = self.paged_attention(qh, k, v, d)
         self.drop(qh)
-        out = self._heads_out(o, front, front + t, d)
+        out = self._heads_out(o, 0, mq.rows, d)
         if out is not o:
             self.drop(o)
         for h, made in ((k, k_made), (v, v_made)):
             if made:
                 h.release(self.ttnn)
         return self.wrap(out)
+
+    def paged_attention(self, qh, k, v, d):
+        """Heads-first q [1, heads, T, dp] (KV dtype) of the last T positions of KV handles k and
+        v -> the heads-first output [1, heads, T, dp] (see the module docstring)."""
+        heads, t, dp = self.shape(qh)[1:]
+        start = k.rows - t
+        front = start % TILE_SIZE
+        aligned = start - front
+        length = front + t
+        q_chunk, k_chunk = sdpa_chunks(length, aligned)
+        if front:
+            zeros = self.zeros((1, heads, front, dp), self.kv_dtype())
+            qf = self.concat([zeros, qh], 2)
+            self.drop(zeros)
+        else:
+            qf = qh
+        needed = (aligned + round_up(length, q_chunk) + KV_BLOCK - 1) // KV_BLOCK
+        table = self.kv_table(k, v, needed)
+        o = self.tt.call("transformer.chunked_scaled_dot_product_attention",
+                         self.ttnn.transformer.chunked_scaled_dot_product_attention,
+                         qf, k.pool.t, v.pool.t, table, chunk_start_idx=aligned,
+                         scale=f32(d ** -0.5), program_config=sdpa_program(self.ttnn, self.grid,
+                                                                      q_chunk, k_chunk),
+                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+        if qf is not qh:
+            self.drop(qf)
+        if not front:
+            return o
+        out = self.slice(o, (0, 0, front, 0), (1, heads, length, dp))
+        self.drop(o)
+        return out
 
     def windows(self, bounds):
         """int32 ROW_MAJOR [len(bounds)] window boundaries on every device (cached, internal)."""
@@ -118,7 +117,7 @@ class Attention:
         parts = []
         for obj in (qo, k[1], v[1]):
             x = self.pad_end(obj.t, 2, padded)
-            parts.append(self._q_heads(x, heads, d, dp))
+            parts.append(self.kv_input(x, heads, d, dp))
             if x is not obj.t:
                 self.drop(x)
         chunk = 128 if padded >= 2048 else 64

@@ -53,6 +53,10 @@ DELTA_CHUNK = 32
 NATIVE_CONV_TAPS = 4
 # CLEF_TT_GDN_CONV=fir keeps the FIR form everywhere (read once, at import).
 CONV_FORM = os.environ.get("CLEF_TT_GDN_CONV", "native")
+# Where the DeltaNet layer op takes the conv's next history: from the kernel ("kernel", one op:
+# qkv_causal_conv1d_silu_with_carry), or cut from the input rows ("slices": a tile slice, a
+# <= 64-row untilize and a row-major slice, as the fine conv op does). Read once, at import.
+CARRY_FORM = os.environ.get("CLEF_TT_GDN_CARRY", "kernel")
 
 
 class DeltaOps:
@@ -102,34 +106,85 @@ class DeltaOps:
 
     def _conv_native(self, x, w, carry):
         mx, xo = x
-        t, ch, taps = mx.rows, mx.cols, NATIVE_CONV_TAPS
-        keep = taps - 1
-        call, ttnn, dram = self.tt.call, self.ttnn, self.dram
+        t, ch = mx.rows, mx.cols
+        q, k, v = self.conv_parts(xo.t, t, w, carry, (TILE_SIZE, TILE_SIZE, ch - 2 * TILE_SIZE))
+        y = self.concat([q, k, v], 2)
+        y4 = self.reshape(y, (1, 1, self.shape(y)[1], ch))
+        out = self.rows(y4, 0, t)
+        new_carry = self.conv_carry(xo.t, t, ch)
+        self.drop(*[m for m in (q, k, v, y, y4) if m is not out])
+        return self.wrap(out), self.wrap(new_carry)
+
+    def conv_parts(self, xt, t, w, carry, widths, with_carry=False):
+        """ttnn's native conv + SiLU over the first sum(widths) columns of xt [1, 1, t, W] (read
+        in place: a fused projection needs no slice), split in three parts of `widths`:
+        q, k, v [1, tp, width] with tp = t padded to a multiple of 32. with_carry: also the next
+        history, ROW_MAJOR bf16 [1, 1, 3, ch], written by the kernel itself
+        (`qkv_causal_conv1d_silu_with_carry`, the interval ending at row t; its sequence-parallel
+        exchange has no peer on a 1xN mesh's axis 0)."""
+        ttnn, taps = self.ttnn, NATIVE_CONV_TAPS
+        ch = sum(widths)
         tp = round_up(t, TILE_SIZE)
         hist, made = self._conv_history(carry, ch)
         tap_rows = [self.row_of(w[1], ("tap", j, taps), ttnn.bfloat16,
                                 lambda v, j=j: v.reshape(-1, taps)[:, j]) for j in range(taps)]
-        xp = self.pad_end(xo.t, 2, tp)
-        x3 = self.reshape(xp, (1, tp, ch))
-        chunk = next(c for c in (512, 256, 128, 64, 32) if ch % c == 0)
-        q, k, v = call("experimental.kda.qkv_causal_conv1d_silu",
-                       ttnn.experimental.kda.qkv_causal_conv1d_silu, x3, hist, *tap_rows,
-                       TILE_SIZE, TILE_SIZE, ch - 2 * TILE_SIZE,
-                       program_config=ttnn.QkvCausalConv1dSiluProgramConfig(
-                           channel_chunk_size=chunk),
-                       actual_start=self._conv_start(), predecessor_carry=hist,
-                       memory_config=dram)
-        y = self.concat([q, k, v], 2)
-        y4 = self.reshape(y, (1, 1, tp, ch))
-        out = self.rows(y4, 0, t)
+        xp = self.pad_end(xt, 2, tp)
+        x3 = self.reshape(xp, (1, tp, self.shape(xp)[3]))
+        chunk = next(c for c in (512, 256, 128, 64, 32) if all(p % c == 0 for p in widths))
+        config = ttnn.QkvCausalConv1dSiluProgramConfig(channel_chunk_size=chunk)
+        kda = ttnn.experimental.kda
+        if with_carry:
+            buffer, semaphores = self._conv_exchange(ch)
+            q, k, v, nxt = self.tt.call(
+                "experimental.kda.qkv_causal_conv1d_silu_with_carry",
+                kda.qkv_causal_conv1d_silu_with_carry, x3, hist, *tap_rows, *widths,
+                program_config=config, actual_start=self._conv_start(),
+                exchange_buffer=buffer, exchange_semaphores=semaphores,
+                actual_end=self._conv_end(t), memory_config=self.dram)
+            parts = (q, k, v, self.reshape(nxt, (1, 1, NATIVE_CONV_TAPS - 1, ch)))
+        else:
+            parts = self.tt.call("experimental.kda.qkv_causal_conv1d_silu",
+                                 kda.qkv_causal_conv1d_silu, x3, hist, *tap_rows, *widths,
+                                 program_config=config, actual_start=self._conv_start(),
+                                 predecessor_carry=hist, memory_config=self.dram)
+        self.drop(*[m for m in made + [xp, x3] if m is not xt])
+        return parts
+
+    def _conv_exchange(self, ch):
+        """The persistent exchange buffer ([1, 12, ch] ROW_MAJOR bf16 zeros) and the three global
+        semaphores (on `qkv_causal_conv1d_silu_exchange_core`, zero) the carry-returning conv
+        takes, made once per mesh and width."""
+        ttnn = self.ttnn
+        buffer = self.internal_once(("conv_exchange", ch), lambda: self.host_rows(
+            [np.zeros((1, 12, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT))
+        sems = self.conv_semaphores
+        if sems is None:
+            kda = ttnn._ttnn.operations.experimental.kda
+            core = kda.qkv_causal_conv1d_silu_exchange_core(
+                self.device.compute_with_storage_grid_size())
+            cores = ttnn.CoreRangeSet({ttnn.CoreRange(core, core)})
+            sems = self.conv_semaphores = [
+                self.tt.call("create_global_semaphore", ttnn.create_global_semaphore,
+                             self.device, cores, 0) for _ in range(3)]
+        return buffer, sems
+
+    def _conv_end(self, t):
+        """The carry-returning conv's `actual_end`: a replicated UINT32 [t] (per row count)."""
+        return self.internal_once(("conv_actual_end", t), lambda: self.host_rows(
+            [np.full((1,), t, np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT))
+
+    def conv_carry(self, xt, t, ch):
+        """The native conv's next history: the last 3 of `t` rows of xt's first `ch` columns,
+        ROW_MAJOR bf16 [1, 1, 3, ch], from the last one or two 32-row tiles (a small untilize of
+        <= 64 rows, never of the activation)."""
+        ttnn, keep = self.ttnn, NATIVE_CONV_TAPS - 1
         r0 = (t - keep) // TILE_SIZE * TILE_SIZE
-        block = self.rows(xo.t, r0, t)
-        block_rm = call("to_layout", ttnn.to_layout, block, ttnn.ROW_MAJOR_LAYOUT,
-                        memory_config=dram)
-        new_carry = self.rows(block_rm, t - keep - r0, t - r0)
-        self.drop(*[m for m in made + [xp, x3, q, k, v, y, y4, block, block_rm]
-                    if m is not out and m is not new_carry and m is not xo.t])
-        return self.wrap(out), self.wrap(new_carry)
+        block = self.slice(xt, (0, 0, r0, 0), (1, 1, t, ch))
+        block_rm = self.tt.call("to_layout", ttnn.to_layout, block, ttnn.ROW_MAJOR_LAYOUT,
+                                memory_config=self.dram)
+        carry = self.rows(block_rm, t - keep - r0, t - r0)
+        self.drop(*[m for m in (block, block_rm) if m is not carry and m is not xt])
+        return carry
 
     def _conv_fir(self, x, w, carry, kernel):
         mx, xo = x

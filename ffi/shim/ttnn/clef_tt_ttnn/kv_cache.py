@@ -1,48 +1,79 @@
-"""The paged KV cache behind append_rows (a mesh mixin), held as the port holds it.
+"""The paged KV cache behind append_rows (a mesh mixin): blocks of a shared pool, a page table
+per handle, copy-on-write of at most one block.
 
-A cache is a `KV` handle: `rows` valid rows in a shared `KVPool`, one ttnn tensor
-[capacity_blocks, heads, 64, head_dim_padded] (block 64 rows, block i = positions [64 i, 64 i + 64),
-an identity page table; head_dim padded to a multiple of 32 with zeros, because SDPA refuses
-other head widths), in bf16 (SDPA refuses f32; an f32-activation mesh rounds K/V to bf16 there).
-Rows are written with `experimental.paged_fill_cache` and read by
-`transformer.chunked_scaled_dot_product_attention`.
+A pool is one ttnn tensor [capacity_blocks, heads, 64, head_dim_padded] in bf16 (SDPA refuses
+f32; an f32-activation mesh rounds K/V to bf16 there; head_dim padded to a multiple of 32 with
+zeros, because SDPA refuses other head widths), as the port holds its KV cache. A cache is a
+`KV` handle: `rows` rows held in the pool blocks `blocks` (block j of the handle holds its
+positions [64 j, 64 j + 64)). Rows are written with `experimental.paged_fill_cache` through a
+page table of the blocks written, and read by `transformer.chunked_scaled_dot_product_attention`
+through a page table of the handle's blocks.
 
 append_rows is functional in the ABI: the old handle stays valid and may be appended to again
-(a prefix-cache slot). The rule that keeps the common path free of copies:
-- the pool remembers its tail: the rows of the handle that last appended to it;
-- appending to a handle whose rows equal the pool's tail, with room in the pool, writes the new
-  rows in place (the block holding row `rows` is rewritten from its own first rows plus the new
-  ones; the old handle's rows are not changed) and the new handle becomes the tail;
-- appending to any other handle (someone appended past it), or beyond the pool's capacity, first
-  copies the handle's whole blocks into a new pool of max(needed, 2 x used) blocks (growth that
-  amortises copies over a long prompt), then writes in place there.
-Old and new handles share a pool; the pool's device buffer is freed with its last handle.
-`copy` (prefix-cache slots) makes a pool of exactly the handle's used blocks (a device slice).
+(a prefix-cache slot: every hit appends its own tail to the same prefix). So blocks are shared
+and counted:
+- the new handle shares the old one's whole blocks (nothing is copied);
+- the old handle's last, partial block is written in place when no one has written past the
+  old handle's end in it (the pool keeps each block's filled rows), else copied into a fresh
+  block with the new rows (copy-on-write of that one block: at most 63 rows);
+- the remaining rows go to fresh blocks, the lowest free ones first;
+- a block is free again when the last handle holding it is released.
+So a prefix-cache hit copies no pool, and the pool stays the same size across hits whose
+handles are released: their blocks are reused. A pool no handle holds is kept by the mesh as
+a spare (`SparePools`) for the next sequence's pool of its shape: no allocation, no fill. A pool out of free blocks grows to twice its
+capacity (one device copy, amortised over a long prompt); block ids stay valid. `copy` (a
+prefix-cache slot) is a handle sharing the same blocks. Keys and values are appended in step,
+so a layer's key and value handles hold the same block ids (the one page table SDPA takes).
+A pool's device buffer is kept as a spare, or freed, with its last handle.
 """
+import heapq
+
 from .meta import KV_BLOCK, TILE_SIZE, round_up
 
 
 class KVPool:
-    """One device tensor of KV blocks shared by the handles appended from one another."""
+    """One device tensor of KV blocks, with each block's holders and filled rows."""
 
-    __slots__ = ("t", "cap", "heads", "d", "dp", "tail", "users", "__weakref__")
+    __slots__ = ("t", "cap", "heads", "d", "dp", "refs", "filled", "free", "users", "spares",
+                 "__weakref__")
 
-    def __init__(self, t, cap, heads, d, dp, tail):
-        self.t, self.cap, self.heads, self.d, self.dp, self.tail = t, cap, heads, d, dp, tail
+    def __init__(self, t, cap, heads, d, dp, spares=None):
+        self.t, self.cap, self.heads, self.d, self.dp = t, cap, heads, d, dp
+        self.refs = [0] * cap
+        self.filled = [0] * cap
+        self.free = list(range(cap))
         self.users = 0
+        # The mesh's spare pool tensors (SparePools), where this one goes when unused.
+        self.spares = spares
 
     def tensors(self):
         return [self.t] if self.t is not None else []
 
+    def take(self, n):
+        """`n` free block ids, the lowest first."""
+        return [heapq.heappop(self.free) for _ in range(n)]
+
+    def hold(self, blocks):
+        for b in blocks:
+            self.refs[b] += 1
+
+    def drop_blocks(self, blocks):
+        for b in blocks:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.filled[b] = 0
+                heapq.heappush(self.free, b)
+
 
 class KV:
-    """A KV cache handle: the first `rows` rows of `pool`."""
+    """A KV cache handle: `rows` rows in the pool blocks `blocks`."""
 
-    __slots__ = ("pool", "rows", "released", "__weakref__")
+    __slots__ = ("pool", "rows", "blocks", "released", "__weakref__")
 
-    def __init__(self, pool, rows):
-        self.pool, self.rows, self.released = pool, rows, False
+    def __init__(self, pool, rows, blocks):
+        self.pool, self.rows, self.blocks, self.released = pool, rows, list(blocks), False
         pool.users += 1
+        pool.hold(self.blocks)
 
     def tensors(self):
         return [self.pool.t] if self.pool.t is not None else []
@@ -51,11 +82,14 @@ class KV:
         if self.released:
             return
         self.released = True
-        self.pool.users -= 1
-        if self.pool.users == 0 and self.pool.t is not None:
-            if self.pool.t.is_allocated():
-                ttnn.deallocate(self.pool.t, force=False)
-            self.pool.t = None
+        pool = self.pool
+        pool.drop_blocks(self.blocks)
+        pool.users -= 1
+        if pool.users == 0 and pool.t is not None:
+            if pool.spares is None or not pool.spares.keep(pool):
+                if pool.t.is_allocated():
+                    ttnn.deallocate(pool.t, force=False)
+            pool.t = None
 
     def __del__(self):
         try:
@@ -64,6 +98,31 @@ class KV:
                 self.release(ttnn)
         except Exception:
             pass
+
+
+class SparePools:
+    """Pool tensors no handle holds any more, kept for the next pools of their shape (at most
+    `limit`): a new sequence's KV lands in the buffers the last one used, with no allocation
+    and no zero fill (stale rows are never read: SDPA reads only a handle's blocks, causally).
+    Trace capture on chips needs exactly this: the same buffers for the same chunk."""
+
+    def __init__(self, limit):
+        self.limit, self.tensors = limit, []
+
+    def keep(self, pool):
+        if len(self.tensors) >= self.limit or pool.t is None or not pool.t.is_allocated():
+            return False
+        self.tensors.append((pool.heads, pool.dp, pool.cap, pool.t))
+        return True
+
+    def take(self, heads, dp, need):
+        """The smallest kept tensor of `heads` x `dp` with at least `need` blocks, or None."""
+        fits = [e for e in self.tensors if e[0] == heads and e[1] == dp and e[2] >= need]
+        if not fits:
+            return None
+        best = min(fits, key=lambda e: e[2])
+        self.tensors.remove(best)
+        return best[2], best[3]
 
 
 def _blocks(rows):
@@ -78,15 +137,15 @@ class KvCache:
     def kv_dtype(self):
         return getattr(self.ttnn, self.KV_DTYPE)
 
-    def page_table(self, first, count, columns):
-        """int32 ROW_MAJOR [1, columns] on every device: first .. first+count-1, then 0 (every
-        entry must name a real block; the port pads with 0). Cached per mesh (internal)."""
-        key = ("page_table", first, count, columns)
+    def page_table(self, blocks, columns):
+        """int32 ROW_MAJOR [1, columns] on every device: the block ids, then 0 (every entry must
+        name a real block; the port pads with 0). Cached per mesh (internal)."""
+        key = ("page_table", tuple(blocks), columns)
         t = self.internal.get(key)
         if t is None:
             import numpy as np
             ids = np.zeros((1, columns), np.int32)
-            ids[0, :count] = np.arange(first, first + count, dtype=np.int32)
+            ids[0, :len(blocks)] = np.asarray(blocks, dtype=np.int32)
             t = self.tt.call("Tensor", self.ttnn.Tensor, ids, data_type=self.ttnn.int32,
                              layout=self.ttnn.ROW_MAJOR_LAYOUT, device=self.device,
                              mem_config=self.dram,
@@ -104,22 +163,29 @@ class KvCache:
                 self.drop(tmp)
         return z
 
-    def _new_pool(self, old, used_rows, need, heads, d, dp):
-        """A pool of max(need, 2 x used) blocks holding `old`'s first whole blocks of
-        `used_rows` rows (old may be None)."""
-        used = _blocks(used_rows)
-        cap = max(need, 2 * used)
-        if old is None or used == 0:
-            t = self.zeros((cap, heads, KV_BLOCK, dp), self.kv_dtype())
+    def _new_pool(self, need, heads, d, dp):
+        """A pool of at least `need` blocks: a spare one of this shape, else a new zero one."""
+        spare = self.kv_spares.take(heads, dp, need)
+        if spare is not None:
+            cap, t = spare
         else:
-            head = self.slice(old.t, (0, 0, 0, 0), (used, heads, KV_BLOCK, dp))
-            rest = None
-            if cap > used:
-                rest = self.zeros((cap - used, heads, KV_BLOCK, dp), self.kv_dtype())
-            t = self.concat([head, rest], 0)
-            if t is not head:
-                self.drop(head, rest)
-        return self.pool_of(t, cap, heads, d, dp, used_rows)
+            cap, t = need, self.zeros((need, heads, KV_BLOCK, dp), self.kv_dtype())
+        pool = KVPool(t, cap, heads, d, dp, self.kv_spares)
+        self.protect(t, pool)
+        return pool
+
+    def _grow(self, pool, cap):
+        """The pool's tensor with room for `cap` blocks (the old blocks copied; ids kept)."""
+        rest = self.zeros((cap - pool.cap, pool.heads, KV_BLOCK, pool.dp), self.kv_dtype())
+        old = pool.t
+        pool.t = self.concat([old, rest], 0)
+        self.protect(pool.t, pool)
+        self.drop(old, rest)
+        pool.refs += [0] * (cap - pool.cap)
+        pool.filled += [0] * (cap - pool.cap)
+        for b in range(pool.cap, cap):
+            heapq.heappush(pool.free, b)
+        pool.cap = cap
 
     def append_rows(self, cache, rows, heads):
         """`cache` rows followed by `rows`' rows, as a KV handle (see the module docstring)."""
@@ -128,39 +194,52 @@ class KvCache:
             raise ValueError("append_rows: %d columns in %d heads" % (mr.cols, heads))
         d = mr.cols // heads
         dp = round_up(d, TILE_SIZE)
-        owned = None
-        if cache is None:
-            pool, r0 = None, 0
-        else:
-            mc, c = cache
+        c = owned = None
+        if cache is not None:
+            c = cache[1]
             if not isinstance(c, KV):
                 # A plain activation as the cache: page it first (a copy).
                 c = owned = self.append_rows(None, cache, heads)
-            pool, r0 = c.pool, c.rows
+        new = self.kv_input(r.t, heads, d, dp)
+        out = self.append_heads(c, new, heads, d)
+        if owned is not None:
+            owned.release(self.ttnn)
+        return out
+
+    def append_heads(self, kv, new, heads, d):
+        """KV handle `kv` (None: empty) followed by heads-first rows `new` [1, heads, T, dp] in
+        the KV dtype (consumed), as a new handle (see the module docstring)."""
+        dp = self.shape(new)[3]
+        t = self.shape(new)[2]
+        if kv is None:
+            pool, r0, base = self._new_pool(_blocks(t), heads, d, dp), 0, []
+        else:
+            pool, r0, base = kv.pool, kv.rows, kv.blocks
             if pool.heads != heads or pool.d != d:
                 raise ValueError("append_rows: a cache of %d heads x %d, rows of %d heads x %d"
                                  % (pool.heads, pool.d, heads, d))
-        r1 = r0 + mr.rows
-        need = _blocks(r1)
-        if pool is None or pool.tail != r0 or need > pool.cap:
-            pool = self._new_pool(pool, r0, need, heads, d, dp)
-        new = self.kv_input(r.t, heads, d, dp)
         b0, off = divmod(r0, KV_BLOCK)
+        # The old handle's partial last block: in place if no one wrote past its end there.
+        in_place = [base[b0]] if off and pool.filled[base[b0]] == off else []
+        fresh = _blocks(r0 + t) - b0 - len(in_place)
+        if fresh > len(pool.free):
+            self._grow(pool, max(2 * pool.cap, pool.cap + fresh - len(pool.free)))
+        write = in_place + pool.take(fresh)
         if off:
-            prefix = self.slice(pool.t, (b0, 0, 0, 0), (b0 + 1, heads, off, dp))
+            src = base[b0]
+            prefix = self.slice(pool.t, (src, 0, 0, 0), (src + 1, heads, off, dp))
             inp = self.concat([prefix, new], 2)
             self.drop(prefix, new)
         else:
             inp = new
-        table = self.page_table(b0, need - b0, need - b0)
+        table = self.page_table(write, len(write))
         self.tt.call("experimental.paged_fill_cache", self.ttnn.experimental.paged_fill_cache,
                      pool.t, inp, table, batch_idx=0)
         self.drop(inp)
-        pool.tail = r1
-        out = self.track(KV(pool, r1))
-        if owned is not None:
-            owned.release(self.ttnn)
-        return out
+        written = off + t
+        for i, b in enumerate(write):
+            pool.filled[b] = min(KV_BLOCK, written - i * KV_BLOCK)
+        return self.track(KV(pool, r0 + t, base[:b0] + write))
 
     def as_kv(self, pair, heads):
         """(KV handle, made-here) for an attention operand that may be a plain activation."""
@@ -169,30 +248,34 @@ class KvCache:
             return obj, False
         return self.append_rows(None, pair, heads), True
 
+    def kv_table(self, k, v, needed):
+        """The page table SDPA reads k and v through: their first `needed` blocks (padded with
+        block 0 past the handle's blocks, to a multiple of 32 entries)."""
+        if k.blocks != v.blocks:
+            raise ValueError("causal_attention: keys and values in different pool blocks "
+                             "(%d and %d blocks); they are appended in step"
+                             % (len(k.blocks), len(v.blocks)))
+        return self.page_table(k.blocks[:needed], round_up(needed, 32))
+
     def kv_rows(self, kv):
         """A KV handle's rows as a new [1, 1, rows, heads*d] tensor (for downloads)."""
         p = kv.pool
-        used = _blocks(kv.rows)
-        blocks = self.slice(p.t, (0, 0, 0, 0), (used, p.heads, KV_BLOCK, p.dp))
+        runs, start = [], 0
+        for i in range(1, len(kv.blocks) + 1):
+            if i == len(kv.blocks) or kv.blocks[i] != kv.blocks[i - 1] + 1:
+                first = kv.blocks[start]
+                runs.append(self.slice(p.t, (first, 0, 0, 0),
+                                       (first + i - start, p.heads, KV_BLOCK, p.dp)))
+                start = i
+        blocks = self.concat(runs, 0)
         tokens = self.permute(blocks, (0, 2, 1, 3))
         narrow = self.cols(tokens, 0, p.d)
-        flat = self.reshape(narrow, (1, 1, used * KV_BLOCK, p.heads * p.d))
+        flat = self.reshape(narrow, (1, 1, len(kv.blocks) * KV_BLOCK, p.heads * p.d))
         out = self.rows(flat, 0, kv.rows)
-        self.drop(*[t for t in (blocks, tokens, narrow, flat) if t is not out])
+        self.drop(*[t for t in runs + [blocks, tokens, narrow, flat] if t is not out])
         return out
 
     def kv_copy(self, kv):
-        """A handle on a new pool of exactly its used blocks (a device-side copy)."""
-        p = kv.pool
-        used = _blocks(kv.rows)
-        if used == p.cap:
-            t = self.tt.call("clone", self.ttnn.clone, p.t, memory_config=self.dram)
-        else:
-            t = self.tt.call("slice", self.ttnn.slice, p.t, [0, 0, 0, 0],
-                             [used, p.heads, KV_BLOCK, p.dp], memory_config=self.dram)
-        return self.track(KV(self.pool_of(t, used, p.heads, p.d, p.dp, kv.rows), kv.rows))
-
-    def pool_of(self, t, cap, heads, d, dp, tail):
-        pool = KVPool(t, cap, heads, d, dp, tail)
-        self.protect(t, pool)
-        return pool
+        """A handle on the same blocks (appends to either copy write only blocks they own or
+        fresh ones, so the rows they share never change)."""
+        return self.track(KV(kv.pool, kv.rows, kv.blocks))

@@ -16,7 +16,9 @@ from .attention import Attention
 from .delta import DeltaOps
 from .dispatch import Dispatcher
 from .golden import enabled as golden_enabled
-from .kv_cache import KV, KvCache
+from .graph import GraphCommands
+from .kv_cache import KV, KvCache, SparePools
+from .layers import LayerOps
 from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta, describe as meta_text
 from .tensors import DT, Helpers
 from .text_ops import TextOps
@@ -25,9 +27,12 @@ from .vision import VisionOps
 
 # Internal tensors a mesh keeps at most (page tables and rope tables beyond are dropped).
 INTERNAL_LIMIT = 64
+# Spare KV pool tensors a mesh keeps (kv_cache.SparePools).
+KV_SPARE_POOLS = 64
 
 
-class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps):
+class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps, LayerOps,
+           GraphCommands):
     """An opened 1xN mesh; methods named as DeviceMesh's. Tensor arguments are (meta, obj)
     pairs; results are the objects the bridge keeps for the core's handles."""
 
@@ -46,6 +51,11 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
             else ttnn.float32
         self.dram_banks = int(ttnn.get_memory_view(device, ttnn.BufferType.DRAM).num_banks)
         self.internal = {}
+        # The carry-returning conv's global semaphores (delta.py), made on first use.
+        self.conv_semaphores = None
+        # KV pool tensors kept for reuse (kv_cache.py): two per attention layer of a model
+        # with 32 of them, for one sequence at a time.
+        self.kv_spares = SparePools(KV_SPARE_POOLS)
         self.owned = weakref.WeakValueDictionary()
         self._live = weakref.WeakSet()
         self.closed = False
@@ -61,8 +71,8 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
         return d
 
     def tensors(self):
-        """The mesh's internal tensors (page tables, constants, rope tables)."""
-        out = []
+        """The mesh's internal tensors (page tables, constants, rope tables, spare KV pools)."""
+        out = [e[3] for e in self.kv_spares.tensors]
         for v in self.internal.values():
             out.extend(v if isinstance(v, tuple) else (v,))
         return out
@@ -126,7 +136,7 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
 
     def internal_bytes(self):
         """Bytes per device of this mesh's internal tensors (page tables, window bounds, rope
-        tables, DeltaNet constant tiles): not ABI tensors, so not in memory()."""
+        tables, DeltaNet constant tiles, spare KV pools): not ABI tensors, so not in memory()."""
         return sum(self.footprint(t) for t in self.tensors())
 
     def allocator_bytes(self):
@@ -192,6 +202,10 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps)
         ttnn = self.ttnn
         for key in list(self.internal):
             self.drop_internal(key)
+        for entry in self.kv_spares.tensors:
+            if entry[3].is_allocated():
+                ttnn.deallocate(entry[3], force=False)
+        self.kv_spares.tensors = []
         try:
             ttnn.synchronize_device(self.device)
         finally:

@@ -43,36 +43,43 @@ class TextOps:
     """Dense text ops (mesh mixin)."""
 
     def linear(self, x, w, config):
-        (mx, xo), (mw, wo) = x, w
+        (mx, xo), mw = x, w[0]
         if mx.cols != mw.rows:
             raise ValueError("linear: input width %d vs weight [in %d, out %d]"
                              % (mx.cols, mw.rows, mw.cols))
+        return self.wrap(self.matmul(xo.t, mx.rows, w, config))
+
+    def matmul(self, xt, rows, w, config):
+        """x [1, 1, rows, in] times a matrix weight (meta, obj) -> a ttnn tensor in the
+        activation dtype, with the profile's kernel config and the port's program config."""
+        mw, wo = w
         ttnn = self.ttnn
-        fid = int(config.get("fidelity", 0))
-        ckc = kernel_config(ttnn, fid, config.get("fp32_dest_acc", 1),
+        ckc = kernel_config(ttnn, int(config.get("fidelity", 0)), config.get("fp32_dest_acc", 1),
                             config.get("packer_l1_acc", 0))
-        xt = xo.t
         cast = None
         if config.get("bf16_activations", 0) and xt.dtype == ttnn.float32:
             xt = cast = self.typecast(xt, ttnn.bfloat16)
         out_dtype = self.act_dtype
-        pc = matmul_program(ttnn, mx.rows, mw.rows, mw.cols, self.grid,
+        pc = matmul_program(ttnn, rows, mw.rows, mw.cols, self.grid,
                             in0_tile=tile_bytes(BF16 if xt.dtype == ttnn.bfloat16 else F32),
                             in1_tile=tile_bytes(mw.dtype),
                             out_tile=tile_bytes(BF16 if out_dtype == ttnn.bfloat16 else F32))
         y = self.tt.call("linear", ttnn.linear, xt, wo.t, compute_kernel_config=ckc,
                          program_config=pc, memory_config=self.dram, dtype=out_dtype)
         self.drop(cast)
-        return self.wrap(y)
+        return y
 
     def all_reduce(self, x):
-        mx, xo = x
+        return self.wrap(self.reduced(x[1].t))
+
+    def reduced(self, t):
+        """The all-reduce of partial sums `t` over the mesh, in the activation dtype."""
         ttnn = self.ttnn
         if self.n == 1:
-            total = self.tt.call("clone", ttnn.clone, xo.t, memory_config=self.dram)
+            total = self.tt.call("clone", ttnn.clone, t, memory_config=self.dram)
         else:
             ccl = ccl_options(ttnn)
-            scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, xo.t, 3,
+            scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, t, 3,
                                      cluster_axis=1, memory_config=self.dram, **ccl)
             # all_gather takes no topology or links in 0.81 (deprecated and ignored, with a
             # warning per call): it picks them from the fabric itself.
@@ -82,7 +89,7 @@ class TextOps:
         out = self.typecast(total, self.act_dtype)
         if out is not total:
             self.drop(total)
-        return self.wrap(out)
+        return out
 
     def split_cols(self, x, widths):
         mx, xo = x
@@ -190,19 +197,25 @@ class TextOps:
         return self.wrap(self._rope_rows(xo.t, tables, rows, heads, head_dim, half))
 
     def _rope_hf(self, xt, tables, rows, heads, d, rot):
-        """The port's partial rope: heads first, `experimental.rotary_embedding_hf` on the leading
-        `rot` channels, the rest passed through."""
-        cos, sin = self.rope_tables(tables, True)
+        """The port's partial rope on token-major rows: heads first, then `rope_heads`."""
         xh = self.heads_first(xt, heads, d)
+        joined = self.rope_heads(xh, tables, rot, d)
+        out = self.heads_last(joined)
+        self.drop(*[t for t in (xh, joined) if t is not out and t is not xt])
+        return out
+
+    def rope_heads(self, xh, tables, rot, d):
+        """Heads-first [1, H, T, d]: `experimental.rotary_embedding_hf` on the leading `rot`
+        channels of each head, the rest passed through (rot == 32 or a multiple of 64)."""
+        cos, sin = self.rope_tables(tables, True)
         part = self.cols(xh, 0, rot)
         roped = self.tt.call("experimental.rotary_embedding_hf",
                              self.ttnn.experimental.rotary_embedding_hf, part, cos, sin,
                              is_decode_mode=False, memory_config=self.dram)
         rest = self.cols(xh, rot, d) if rot < d else None
         joined = self.concat([roped, rest], 3)
-        out = self.heads_last(joined)
-        self.drop(*[t for t in (xh, part, roped, rest, joined) if t is not out and t is not xt])
-        return out
+        self.drop(*[t for t in (part, roped, rest) if t is not joined and t is not xh])
+        return joined
 
     def _rope_rows(self, xt, tables, rows, heads, d, half):
         """Rotary dims the fused op refuses (not 32 or a multiple of 64): token-major, cos/sin

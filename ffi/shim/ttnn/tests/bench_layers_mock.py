@@ -201,6 +201,36 @@ class Bench:
         out = self.res(op("all_reduce", m.all_reduce, out), t, HIDDEN, REPLICATED)
         return self.res(op("add (residual)", m.add, h, out), t, HIDDEN, REPLICATED), (carry, s)
 
+    # The layer ops (clef_tt_ttnn/layers.py): what the backbone calls on a ttnn mesh, one ABI
+    # call per sublayer; the methods above are the fine-op composition they replace.
+    def attention_layer(self, w, h, t, cache, positions):
+        p = dict(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, eps=EPS, reduce=1, config=CFG)
+        kv = (None, None) if cache is None else cache
+        out, keys, vals = self.op("attention layer", self.m.layer_op, "attention",
+                                  [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], *kv], p,
+                                  positions)
+        start = 0 if cache is None else cache[0][0].rows
+        kv_cols = KV_HEADS * HEAD_DIM
+        return self.res(out, t, HIDDEN, REPLICATED), (self.res(keys, start + t, kv_cols, SHARDED),
+                                                      self.res(vals, start + t, kv_cols, SHARDED))
+
+    def delta_layer(self, w, h, t, state):
+        p = dict(key_heads=NK, value_heads=NV, key_dim=DK, value_dim=DV, conv_kernel=KERNEL,
+                 eps=EPS, reduce=1, config=CFG)
+        carried = (None, None) if state is None else state
+        out, carry, s = self.op("delta_net layer", self.m.layer_op, "delta_net",
+                                [h, w["norm"], w["in"], w["conv"], w["alog"], w["dt"],
+                                 w["gnorm"], w["out"], *carried], p, None)
+        return self.res(out, t, HIDDEN, REPLICATED), (
+            self.res(carry, KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED),
+            self.res(s, NV * DK, DV, SHARDED))
+
+    def mlp_layer(self, w, h, t):
+        p = dict(eps=EPS, reduce=1, config=CFG)
+        out, = self.op("mlp layer", self.m.layer_op, "mlp", [h, w["norm"], w["gu"], w["down"]],
+                       p, None)
+        return self.res(out, t, HIDDEN, REPLICATED)
+
     def vision_weights(self):
         """One vision block's weights as one device holds them (column-parallel biases split)."""
         w, qkv = {}, 3 * V_HEADS * V_DIM
@@ -257,19 +287,19 @@ class Bench:
         return best
 
     def device_ops(self, fn):
-        """ttnn device operations of one call of `fn`: the graph capture's function_start nodes
-        that name a program factory (a mesh workload counts once)."""
-        import ttnn
-        g = ttnn._ttnn.graph
-        g.begin_graph_capture(g.RunMode.NORMAL)
+        """ttnn device operations of one call of `fn`, counted by ttnn's graph capture (the
+        mesh command clef_tt_ttnn/graph.py answers: a mesh workload counts once)."""
+        self.m.command({"graph_capture": "begin"})
         try:
             fn()
         finally:
-            graph = g.end_graph_capture()
-        return sum(1 for n in graph if n["node_type"] == "function_start"
-                   and "program_factory_type" in (n.get("params") or {}))
+            summary = self.m.command({"graph_capture": "end"})
+        return summary["device_ops"]
 
-    def run(self, lengths):
+    def run(self, lengths, fine=False):
+        """fine: the fine-op composition instead of the layer ops."""
+        attention, delta, mlp = ((self.attention, self.delta, self.mlp) if fine else
+                                 (self.attention_layer, self.delta_layer, self.mlp_layer))
         w = self.weights()
         print("layer kind            T  ttnn calls  device ops  host ms (cached programs)")
         totals = {}
@@ -281,18 +311,18 @@ class Bench:
             def attn_second_chunk():
                 # A second chunk: appends to and attends over a first chunk's cache.
                 if "kv" not in prev_kv:
-                    prev_kv["kv"] = self.attention(w, h, t, None, positions)[1]
-                return self.attention(w, h, t, prev_kv["kv"], positions)
+                    prev_kv["kv"] = attention(w, h, t, None, positions)[1]
+                return attention(w, h, t, prev_kv["kv"], positions)
             rows = {}
-            rows["attention"] = self.timed(lambda: self.attention(w, h, t, None, positions))
+            rows["attention"] = self.timed(lambda: attention(w, h, t, None, positions))
             rows["attention+cache"] = self.timed(attn_second_chunk)
-            rows["deltanet"] = self.timed(lambda: self.delta(w, h, t, None))
-            rows["mlp"] = self.timed(lambda: self.mlp(w, h, t))
-            devops = {"attention": self.device_ops(lambda: self.attention(w, h, t, None,
+            rows["deltanet"] = self.timed(lambda: delta(w, h, t, None))
+            rows["mlp"] = self.timed(lambda: mlp(w, h, t))
+            devops = {"attention": self.device_ops(lambda: attention(w, h, t, None,
                                                                           positions)),
                       "attention+cache": self.device_ops(attn_second_chunk),
-                      "deltanet": self.device_ops(lambda: self.delta(w, h, t, None)),
-                      "mlp": self.device_ops(lambda: self.mlp(w, h, t))}
+                      "deltanet": self.device_ops(lambda: delta(w, h, t, None)),
+                      "mlp": self.device_ops(lambda: mlp(w, h, t))}
             for name, (dt, calls, _) in rows.items():
                 print("%-18s %5d  %10d  %10d  %8.2f" % (name, t, calls, devops[name], dt * 1e3))
             est = 16 * (rows["attention"][0] + rows["mlp"][0]) + 48 * (rows["deltanet"][0]
@@ -314,10 +344,12 @@ class Bench:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    budget = None
+    budget, fine = None, False
+    if args[:1] == ["--fine"]:
+        fine, args = True, args[1:]
     if args[:1] == ["--budget"]:
         budget, args = int(args[1]), args[2:]
-    chunks = Bench().run([int(a) for a in args] or [128, 1024])
+    chunks = Bench().run([int(a) for a in args] or [128, 1024], fine)
     over = {t: ops for t, (_, _, ops) in chunks.items() if budget is not None and ops > budget}
     if over:
         print("FAIL: device ops per chunk over the budget of %d: %s"

@@ -2,16 +2,16 @@
 the program factory, circular buffers and peak L1 ttnn chose for each, beside `clef-tt plan`.
 
 One 1,024-token chunk through one gated attention layer (from position 0, and from a cached
-prefix of 15,360 rows: 15 chunks appended before it, so append_rows writes in place into a pool
-of 256 blocks and SDPA sees 16,384 keys; plus one append onto a restored prefix-cache slot, the
-copy path), one Gated DeltaNet layer (from a zero state, and from a nonzero f32 state and conv
-carry), one MLP, and one vision-tower block at 1,024 patches (one image), at TP=2 per-device
+prefix of 15,360 rows: 15 chunks appended before it, so append_rows writes into a pool of 256
+blocks and SDPA sees 16,384 keys; plus one append onto a restored prefix-cache slot, which
+shares the slot's blocks), one Gated DeltaNet layer (from a zero state, and from a nonzero f32
+state and conv carry), one MLP, and one vision-tower block at 1,024 patches (one image), at TP=2 per-device
 shapes (bench_layers_mock.Bench: hidden 5120, 12+2 heads of 256, DeltaNet 8/24 heads of 128,
 MLP 8704; vision hidden 1152, 8 heads of 72, MLP 2152) with random weights in the selected
 profile's formats (bfp8_b text matrices, bf16 MLP down and vision matrices, HiFi2, fp32
 accumulation). Each ABI op runs for real (mock dispatch: ttnn validates, builds the program and
 its circular buffers; the kernels compile with the stand-in compiler), then once more inside
-`ttnn.graph.begin_graph_capture(RunMode.NO_DISPATCH)`, with KV pools' tails restored so the
+`ttnn.graph.begin_graph_capture(RunMode.NO_DISPATCH)`, with the KV pools' block bookkeeping restored so the
 captured call takes the same path. From each capture: the ttnn device operations, the program
 factory of each, its circular buffers (count, bytes per core) and the op's peak L1 per core
 (`extract_resource_usage_per_core`: circular + dataflow buffers + L1 buffers). Next to each row,
@@ -196,7 +196,10 @@ class Capture(Bench):
 
     @staticmethod
     def _kv_tails(args):
-        return [(a[1].pool, a[1].pool.tail) for a in args
+        """The block bookkeeping of the KV pools among `args` (restored so a captured re-run
+        takes the path the first run took)."""
+        return [(a[1].pool, (list(a[1].pool.refs), list(a[1].pool.filled),
+                             list(a[1].pool.free))) for a in args
                 if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], KV)]
 
     def _release(self, out, inputs):
@@ -219,8 +222,8 @@ class Capture(Bench):
             row.update(accepted=False, error=fatal(e))
             raise Refused(label) from e
         after = self._kv_tails(args)
-        for pool, tail in tails:
-            pool.tail = tail
+        for pool, (refs, filled, free) in tails:
+            pool.refs, pool.filled, pool.free = refs, filled, free
         inputs = [t for a in args if isinstance(a, tuple) and len(a) == 2
                   and hasattr(a[1], "tensors") for t in a[1].tensors()]
         g = self.graph
@@ -233,8 +236,8 @@ class Capture(Bench):
             row["capture_error"] = fatal(e)
         finally:
             graph = g.end_graph_capture()
-        for pool, tail in after:
-            pool.tail = tail
+        for pool, (refs, filled, free) in after:
+            pool.refs, pool.filled, pool.free = refs, filled, free
         row["devops"], row["usage"] = summarize(self.ttnn, graph)
         return out
 

@@ -189,7 +189,7 @@ class Suite:
                   self.down(self.res(y, 50, heads * hd)), want.reshape(50, -1), 1e-5)
 
     def attention(self):
-        """append_rows (paged_fill_cache, own shadow: in place and copied pools), the KV rows
+        """append_rows (paged_fill_cache, own shadow: in place and copy-on-write blocks), the KV rows
         read back, and chunked SDPA's golden against causal GQA attention."""
         m = self.m
         for (t1, t2, heads, kvh, d) in ((37, 37, 2, 1, 24), (100, 64, 4, 2, 64)):
@@ -204,8 +204,10 @@ class Suite:
             close("KV rows after an in-place append (t %d+%d)" % (t1, t2), self.down(keys2),
                   bf16(np.concatenate([k1, k2])), 0)
             close("KV rows of the old handle after appends", self.down(keys), bf16(k1), 0)
-            close("KV rows appended to a non-tail handle (copy)", self.down(keys3),
+            close("KV rows appended to a non-tail handle (its own block)", self.down(keys3),
                   bf16(np.concatenate([k1, k3])), 0)
+            close("KV rows of the tail after a sibling's append", self.down(keys2),
+                  bf16(np.concatenate([k1, k2])), 0)
             q = RNG.standard_normal((t2, heads * d)).astype(np.float32)
             o = m.causal_attention(self.act(q), keys2, vals2, heads, kvh, d)
             kk = bf16(np.concatenate([k1, k2])).reshape(-1, kvh, d)

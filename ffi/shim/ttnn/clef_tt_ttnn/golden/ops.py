@@ -36,6 +36,12 @@ Own shadows (the op has no golden function in ttnn 0.81.1, or is not a computati
                        split into q, k, v widths; in f32 from the bf16 twins, rounded once to
                        the bf16 outputs (how the kernel accumulates is not documented: on chips
                        the spread can be wider, as the port measured)
+                       (`_with_carry`: also the next history, the 3 rows of [history | input]
+                       ending at actual_end)
+  create_global_semaphore            no tensor: nothing to shadow
+  experimental.nlp_create_qkv_heads   [B, 1, S, (H + 2 KV) D] cut into q, k, v heads in order
+  experimental.minimal_matmul(_split) x @ w + bias, the fused activation (sigmoid, SiLU,
+                       softplus), in f32, split into `chunks` equal column parts
 """
 import numpy as np
 import torch
@@ -237,6 +243,8 @@ def qkv_causal_conv1d_silu(sh, name, fn, args, kwargs, result):
     col0 = int(kwargs.get("input_column_offset", 0))
     width = sum(widths)
     outs = [[], [], []]
+    if name.endswith("_with_carry"):
+        outs.append([])
     for d in range(sh.n):
         x = sh.twin(x_t, d).float()
         x = x.reshape(1, x.shape[-2], x.shape[-1])[..., col0:col0 + width]
@@ -246,7 +254,68 @@ def qkv_causal_conv1d_silu(sh, name, fn, args, kwargs, result):
         y = sum(taps[j] * ext[:, j:j + rows] for j in range(len(taps)))
         for i, part in enumerate(torch.split(torch.nn.functional.silu(y), widths, dim=-1)):
             outs[i].append(part.contiguous())
+        if name.endswith("_with_carry"):
+            # The next history: the 3 rows ending at actual_end (history rows in front).
+            end = int(sh.twin(kwargs["actual_end"], d).reshape(-1)[0])
+            outs[3].append(ext[:, end:end + 3].reshape(1, 3, width).contiguous())
     for r, values in zip(result, outs):
+        sh.set(r, values, name)
+
+
+def not_a_tensor(sh, name, fn, args, kwargs, result):
+    """A call that makes no tensor (a global semaphore): nothing to shadow."""
+
+
+def nlp_create_qkv_heads(sh, name, fn, args, kwargs, result):
+    """[B, 1, S, (H + 2 KV) D] -> q [B, H, S, D], k [B, KV, S, D] (transposed to [B, KV, D, S]
+    unless transpose_k_heads=False), v [B, KV, S, D]: the fused columns cut into heads in
+    order."""
+    h = int(kwargs["num_heads"])
+    kv = int(kwargs.get("num_kv_heads") or h)
+    outs = [[], [], []]
+    for d in range(sh.n):
+        x = sh.twin(args[0], d)
+        b, _, s, width = x.shape
+        heads = x.reshape(b, s, h + 2 * kv, width // (h + 2 * kv)).permute(0, 2, 1, 3)
+        k = heads[:, h:h + kv]
+        if kwargs.get("transpose_k_heads", True):
+            k = k.transpose(-2, -1)
+        for i, part in enumerate((heads[:, :h], k, heads[:, h + kv:])):
+            outs[i].append(part.contiguous())
+    for r, values in zip(result, outs):
+        sh.set(r, values, name)
+
+
+def _activation(x, act):
+    """A fused UnaryWithParam (the ones the package fuses into matmuls) on a torch tensor."""
+    kind = str(act.op_type).rsplit(".", 1)[-1]
+    if kind == "SIGMOID":
+        return torch.sigmoid(x)
+    if kind == "SILU":
+        return torch.nn.functional.silu(x)
+    if kind == "SOFTPLUS":
+        beta, threshold = act.params
+        return torch.nn.functional.softplus(x, beta=beta, threshold=threshold)
+    raise ValueError("no shadow for the fused activation %s" % kind)
+
+
+def minimal_matmul(sh, name, fn, args, kwargs, result):
+    """x @ w, + bias_tensor, the fused_activation: in f32 from the widened twins (HiFi4, f32
+    accumulation), rounded once to the output; `chunks` equal parts along the last dim for
+    minimal_matmul_split."""
+    chunks = int(kwargs.get("chunks", 1)) if name.endswith("_split") else 1
+    outs = [[] for _ in range(chunks)]
+    for d in range(sh.n):
+        y = sh.twin(args[0], d).float() @ sh.twin(args[1], d).float().reshape(
+            sh.twin(args[1], d).shape[-2:])
+        if kwargs.get("bias_tensor") is not None:
+            y = y + sh.twin(kwargs["bias_tensor"], d).float().reshape(-1)
+        if kwargs.get("fused_activation") is not None:
+            y = _activation(y, kwargs["fused_activation"])
+        for i, part in enumerate(torch.chunk(y, chunks, dim=-1)):
+            outs[i].append(part.contiguous())
+    results = result if chunks > 1 else [result]
+    for r, values in zip(results, outs):
         sh.set(r, values, name)
 
 
@@ -288,4 +357,9 @@ HANDLERS = {
     "experimental.rotary_embedding_hf": ("own", rotary_embedding_hf),
     "experimental.paged_fill_cache": ("own", paged_fill_cache),
     "experimental.kda.qkv_causal_conv1d_silu": ("own", qkv_causal_conv1d_silu),
+    "experimental.kda.qkv_causal_conv1d_silu_with_carry": ("own", qkv_causal_conv1d_silu),
+    "create_global_semaphore": ("own", not_a_tensor),
+    "experimental.nlp_create_qkv_heads": ("own", nlp_create_qkv_heads),
+    "experimental.minimal_matmul": ("own", minimal_matmul),
+    "experimental.minimal_matmul_split": ("own", minimal_matmul),
 }

@@ -1,0 +1,151 @@
+//! The one call behind [`TtMesh`]'s layer ops (`MeshOps::attention_layer` and the others, in
+//! ops.rs): the shim's generic entry `clef_tt_layer_op`, given the op's name, its tensors in order, its sizes as JSON,
+//! the rope of its rows, and the shape of each result. A layer op is written once in the
+//! backend (ffi/shim/ttnn/clef_tt_ttnn/layers.py) and called once in ops.rs; the C ABI, the
+//! shim's core and the bridge need no change per op. A backend that does not run an op for the given
+//! shapes answers `CLEF_TT_UNSUPPORTED` before computing anything, and the caller composes the
+//! layer from the fine ops.
+//!
+//! SAFETY (the one block below): every tensor pointer comes from a live handle of this mesh
+//! that outlives the call, the strings, the rope spec, the positions and the result specs are
+//! locals that outlive it, and the output pointers are the locals adopted after it.
+
+use super::ops::matmul_config;
+use super::{dim, TtMesh, TtTensor, TtWeight};
+use crate::{DeviceError, Result, RopeSpec};
+use serde_json::{json, Value};
+use std::ffi::CString;
+use std::ptr::null_mut;
+use tt_metal_sys as sys;
+
+/// One input of a layer op: a tensor, a weight or an absent optional tensor.
+pub(super) enum Input<'a> {
+    Tensor(&'a TtTensor),
+    Weight(&'a TtWeight),
+    Absent,
+}
+
+impl Input<'_> {
+    fn raw(&self) -> *const sys::clef_tt_tensor {
+        match self {
+            Input::Tensor(t) => t.raw(),
+            Input::Weight(w) => w.raw(),
+            Input::Absent => std::ptr::null(),
+        }
+    }
+}
+
+pub(super) fn optional_input(t: Option<&TtTensor>) -> Input<'_> {
+    t.map_or(Input::Absent, Input::Tensor)
+}
+
+impl TtMesh {
+    /// One call of `clef_tt_layer_op`: `Ok(None)` when the shim does not run `op` for these
+    /// arguments. `results` are (rows, cols, placement) per result.
+    pub(super) fn layer_op(
+        &self,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        params: Value,
+        rope: Option<(&RopeSpec, &[[u32; 3]])>,
+        results: &[(usize, usize, u32)],
+    ) -> Result<Option<Vec<TtTensor>>> {
+        let name = CString::new(op).map_err(|_| DeviceError::Shape {
+            op,
+            detail: "a layer op name with a NUL".into(),
+        })?;
+        let mut params = params;
+        params["config"] = matmul_params(&self.numerics);
+        let params = CString::new(params.to_string()).map_err(|_| DeviceError::Shape {
+            op,
+            detail: "parameters with a NUL".into(),
+        })?;
+        let raw: Vec<*const sys::clef_tt_tensor> = inputs.iter().map(Input::raw).collect();
+        let specs = results
+            .iter()
+            .map(|&(rows, cols, placement)| {
+                Ok(sys::clef_tt_result_spec {
+                    rows: dim(op, "result rows", rows)?,
+                    cols: dim(op, "result columns", cols)?,
+                    placement,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (spec, positions) = match rope {
+            Some((s, p)) => (Some(rope_spec(op, s)?), p),
+            None => (None, &[][..]),
+        };
+        let rows = dim(op, "positions", positions.len())?;
+        let mut outs = vec![null_mut(); results.len()];
+        self.count_call();
+        // SAFETY: see the module header.
+        let status = unsafe {
+            self.shim().lib.clef_tt_layer_op(
+                self.raw(),
+                name.as_ptr(),
+                raw.as_ptr(),
+                dim(op, "inputs", raw.len())?,
+                params.as_ptr(),
+                spec.as_ref().map_or(std::ptr::null(), |s| s as *const _),
+                positions.as_ptr().cast::<u32>(),
+                rows,
+                specs.as_ptr(),
+                dim(op, "results", specs.len())?,
+                outs.as_mut_ptr(),
+            )
+        };
+        if status as u32 == sys::CLEF_TT_UNSUPPORTED {
+            return Ok(None);
+        }
+        self.shim().check(status)?;
+        outs.into_iter()
+            .map(|raw| self.adopt(raw))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Placement of a per-device state (KV heads, DeltaNet channels): sharded over a mesh.
+    pub(super) fn per_device(&self) -> u32 {
+        if self.devices() > 1 {
+            sys::CLEF_TT_SHARDED
+        } else {
+            sys::CLEF_TT_REPLICATED
+        }
+    }
+
+    pub(super) fn rows_of(&self, t: &TtTensor) -> Result<usize> {
+        Ok(t.0.info()?.rows as usize)
+    }
+
+    pub(super) fn cols_of(&self, t: &TtTensor) -> Result<usize> {
+        Ok(t.0.info()?.cols as usize)
+    }
+}
+
+pub(super) fn three(v: Vec<TtTensor>) -> Option<[TtTensor; 3]> {
+    <[TtTensor; 3]>::try_from(v).ok()
+}
+
+/// The matmul numerics as the backend's `linear` takes them (the same fields as
+/// `clef_tt_matmul_config`).
+fn matmul_params(n: &crate::Numerics) -> Value {
+    let c = matmul_config(n);
+    json!({
+        "fidelity": c.fidelity, "fp32_dest_acc": c.fp32_dest_acc,
+        "bf16_activations": c.bf16_activations, "packer_l1_acc": c.packer_l1_acc,
+    })
+}
+
+pub(super) fn rope_spec(op: &'static str, spec: &RopeSpec) -> Result<sys::clef_tt_rope_spec> {
+    Ok(sys::clef_tt_rope_spec {
+        heads: dim(op, "heads", spec.heads)?,
+        head_dim: dim(op, "head dim", spec.head_dim)?,
+        rotary_dim: dim(op, "rotary dim", spec.rotary_dim)?,
+        mrope_section: [
+            dim(op, "section", spec.mrope_section[0])?,
+            dim(op, "section", spec.mrope_section[1])?,
+            dim(op, "section", spec.mrope_section[2])?,
+        ],
+        theta: spec.theta,
+    })
+}

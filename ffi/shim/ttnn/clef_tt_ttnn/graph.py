@@ -1,0 +1,62 @@
+"""ttnn's graph capture as a mesh command (`Mesh.command`, clef_tt_mesh_command): the device
+operations between {"graph_capture": "begin"} and {"graph_capture": "end"}, counted by ttnn
+itself (the capture's function_start nodes that name a program factory; a mesh workload counts
+once), per program, with the data-movement ops and the bytes they write (their output tensors'
+size per device). Used by `clef-tt bench prefill --shape` and the bench scripts; it works in
+mock mode (ttnn's trace capture does not).
+"""
+
+# Data-movement kinds, matched in this order against the program factory's name (untilize
+# before tilize, the heads ops before concat, tilize-with-padding before pad).
+MOVEMENT = ("untilize", "tilize", "nlp", "reshape", "slice", "concat", "typecast", "transpose",
+            "permute", "pad")
+
+
+def movement_kind(factory):
+    """The data-movement kind of a program factory's name, or None for a compute op."""
+    name = factory.rsplit("::", 1)[-1].lower()
+    for kind in MOVEMENT:
+        if kind in name:
+            return "heads" if kind == "nlp" else kind
+    return None
+
+
+def summarize(graph):
+    """{"device_ops", "programs": {factory: count}, "data_movement": {kind: [count, bytes]}}."""
+    programs, movement, stack, total = {}, {}, [], 0
+    for node in graph:
+        kind = node.get("node_type")
+        if kind == "function_start":
+            stack.append(node)
+        elif kind == "function_end" and stack:
+            start = stack.pop()
+            factory = (start.get("params") or {}).get("program_factory_type")
+            if factory is None:
+                continue
+            total += 1
+            short = factory.rsplit("::", 1)[-1]
+            programs[short] = programs.get(short, 0) + 1
+            moved = movement_kind(factory)
+            if moved is not None:
+                written = sum(int((graph[c].get("params") or {}).get("size", 0))
+                              for c in node.get("connections", [])
+                              if c < len(graph) and graph[c].get("node_type") == "tensor")
+                entry = movement.setdefault(moved, [0, 0])
+                entry[0] += 1
+                entry[1] += written
+    return {"device_ops": total, "programs": programs, "data_movement": movement}
+
+
+class GraphCommands:
+    """The mesh commands (mesh mixin)."""
+
+    def command(self, request):
+        """A mesh command (clef_tt_mesh_command): see the module docstring."""
+        capture = request.get("graph_capture") if isinstance(request, dict) else None
+        graph = self.ttnn._ttnn.graph
+        if capture == "begin":
+            graph.begin_graph_capture(graph.RunMode.NORMAL)
+            return {}
+        if capture == "end":
+            return summarize(graph.end_graph_capture())
+        raise NotImplementedError("no mesh command %r (graph_capture: begin | end)" % request)

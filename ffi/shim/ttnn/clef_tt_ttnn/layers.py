@@ -1,0 +1,243 @@
+"""Layer ops (a mesh mixin): a whole attention, DeltaNet or MLP sublayer of the text backbone in
+one ABI call, its tensors kept in the layouts the next ttnn op reads.
+
+The fine ABI ops (text_ops.py, attention.py, delta.py) hand every result over as a token-major
+[1, 1, T, cols] tile, so each op converts in and out of the layout it needs (heads first for
+attention, rank 3 for the delta rule, padded heads for per-head norms). A layer op runs the same
+computation as src/backbone/mod.rs composes from the fine ops, but inside one call, so:
+- attention: `nlp_create_qkv_heads` makes q|gate, k and v heads-first in one op from the fused
+  projection (the interleaved q|gate heads are 2H heads of head_dim; a free reshape to
+  [H, 2, T, d] and two slices part them); the q/k norms run on the heads (no 32-row padding of
+  the 2 KV heads); rope is `rotary_embedding_hf` on the rotated channels of the heads; K and V
+  go to the paged cache as they are; SDPA reads q as it is and its output is gated heads-first,
+  then `nlp_concat_heads` feeds o_proj.
+- DeltaNet: ttnn's native conv reads q|k|v in place from the fused in_proj output, and its
+  three outputs are the delta rule's rank-3 inputs; its carry-returning form also writes the
+  next chunk's history (CLEF_TT_GDN_CARRY=slices cuts it from the input instead); the gates
+  come from the b|a columns through two small selection matmuls ([2nv, nv] 0/1 matrices, exact)
+  with the sigmoid and the softplus(+dt_bias) fused, in f32; the delta rule's head-major output
+  is normed per head as it is, `nlp_concat_heads` makes it token-major, and the SiLU(z) gate is a
+  fused multiply.
+- MLP: `experimental.minimal_matmul_split` writes gate and up as two tensors (no slices), the
+  SiLU is fused into their product.
+Each ends with the row-parallel projection, the all-reduce (reduce-scatter + all-gather, when
+the plan asks for it) and the residual add: one ABI call per sublayer instead of 10-16.
+
+A layer op takes only the forms it was written for: bf16 activations and KV, tile-aligned head
+dims and split points, the native conv's shapes, the rope widths `rotary_embedding_hf` takes,
+one delta-rule call. Anything else raises NotImplementedError before any ttnn call, and the
+caller composes the fine ops instead (the tiny fixture's head_dim 32 / rotary 8, the f32
+profile).
+"""
+import numpy as np
+
+from .delta import CARRY_FORM, DELTA_CHUNK, DELTA_PIECE, NATIVE_CONV_TAPS
+from .meta import TILE_SIZE, f32, round_up
+from .programs import kernel_config, precise
+
+
+def _refuse(op, why):
+    raise NotImplementedError("%s layer op: %s (the fine ops compose it)" % (op, why))
+
+
+class LayerOps:
+    """attention_layer, delta_layer, mlp_layer and their entry `layer_op` (mesh mixin)."""
+
+    def layer_op(self, name, tensors, params, tables):
+        """The ABI's layer entry: `tensors` in the op's order ((meta, obj) pairs, None for an
+        absent one), `params` a dict, `tables` the rope tables (or None). Returns the results."""
+        ops = {"attention": self.attention_layer, "delta_net": self.delta_layer,
+               "mlp": self.mlp_layer}
+        op = ops.get(name)
+        if op is None:
+            _refuse(name, "no such layer op")
+        return op(tensors, params, tables)
+
+    # -- shared -----------------------------------------------------------------------------------
+    def _bf16_only(self, op):
+        if self.act_dtype != self.ttnn.bfloat16 or self.kv_dtype() != self.ttnn.bfloat16:
+            _refuse(op, "activations or KV not bf16")
+
+    def _input_norm(self, h, w, eps):
+        """The sublayer's zero-centred input rms_norm (gamma 1 + w) of the residual stream."""
+        mh, ho = h
+        gamma = self.gamma(w[1], mh.cols, True)
+        return self.norm_groups(ho.t, mh.rows, mh.cols, mh.cols, eps, gamma)
+
+    def _residual(self, h, partial, reduce):
+        """h + the all-reduce of the row-parallel projection's partial sums (or the sums as
+        they are, when the plan needs no collective)."""
+        total = self.reduced(partial) if reduce else partial
+        out = self.tt.call("add", self.ttnn.add, h[1].t, total, memory_config=self.dram)
+        self.drop(*[t for t in (partial, total) if t is not out])
+        return out
+
+    # -- attention --------------------------------------------------------------------------------
+    def attention_layer(self, tensors, p, tables):
+        """tensors: h, input norm, qkv|gate, q_norm, k_norm, o_proj, keys cache, values cache.
+        Returns the new residual stream, keys and values."""
+        h, norm, qkv, qn, kn, o_proj, ck, cv = tensors
+        heads, kvh, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
+        self._bf16_only("attention")
+        rot = 2 * int(tables[1]) if tables is not None else 0
+        t = h[0].rows
+        if tables is None or int(tables[0]) != t:
+            _refuse("attention", "rope tables of %s rows for %d" % (
+                None if tables is None else tables[0], t))
+        if d % TILE_SIZE or not (rot == 32 or (rot and rot % 64 == 0)) or rot > d:
+            _refuse("attention", "head_dim %d, rotary %d" % (d, rot))
+        if kvh <= 0 or heads % kvh or qkv[0].cols != (2 * heads + 2 * kvh) * d:
+            _refuse("attention", "qkv %d columns for %d heads, %d kv heads x %d"
+                    % (qkv[0].cols, heads, kvh, d))
+        caches = [None if c is None else self.as_kv(c, kvh) for c in (ck, cv)]
+        ttnn, call, dram = self.ttnn, self.tt.call, self.dram
+        config = p["config"]
+        x = self._input_norm(h, norm, float(p["eps"]))
+        fused = self.matmul(x, t, qkv, config)
+        self.drop(x)
+        # q|gate interleaved per head: 2H heads of d, then the KV heads.
+        qg, k, v = call("experimental.nlp_create_qkv_heads",
+                        ttnn.experimental.nlp_create_qkv_heads, fused, num_heads=2 * heads,
+                        num_kv_heads=kvh, transpose_k_heads=False, memory_config=dram)
+        self.drop(fused)
+        pairs = self.reshape(qg, (heads, 2, t, d))
+        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (heads, 1, t, d)), (1, heads, t, d))
+        gate = self.reshape(self.slice(pairs, (0, 1, 0, 0), (heads, 2, t, d)), (1, heads, t, d))
+        self.drop(qg, pairs)
+        normed = []
+        for x_, w_ in ((q, qn), (k, kn)):
+            gamma = self.gamma(w_[1], d, True)
+            y = call("rms_norm", ttnn.rms_norm, x_, epsilon=f32(float(p["eps"])), weight=gamma,
+                     compute_kernel_config=precise(ttnn), memory_config=dram)
+            self.drop(x_)
+            normed.append(self.rope_heads(y, tables, rot, d))
+            self.drop(y)
+        q, k = normed
+        keys, values = [self.append_heads(None if c is None else c[0], new, kvh, d)
+                        for c, new in zip(caches, (k, v))]
+        for c in caches:
+            if c is not None and c[1]:
+                c[0].release(ttnn)
+        o = self.paged_attention(q, keys, values, d)
+        self.drop(q)
+        gated = call("multiply", ttnn.multiply, o, gate,
+                     input_tensor_b_activations=[self.unary("SIGMOID")], memory_config=dram)
+        self.drop(o, gate)
+        flat = self.heads_last(gated)
+        self.drop(gated)
+        out = self.matmul(flat, t, o_proj, config)
+        self.drop(flat)
+        return [self.wrap(self._residual(h, out, bool(p["reduce"]))), keys, values]
+
+    # -- Gated DeltaNet ---------------------------------------------------------------------------
+    def _gate_selection(self, nv, which):
+        """[2nv, nv] bf16 0/1 matrix picking b (which 0) or a (which 1) out of the b|a columns."""
+        def make():
+            s = np.zeros((2 * nv, nv), np.float32)
+            s[which * nv + np.arange(nv), np.arange(nv)] = 1.0
+            return self.host_rows([s.reshape(1, 1, 2 * nv, nv)], self.ttnn.bfloat16,
+                                  self.ttnn.TILE_LAYOUT)
+        return self.internal_once(("gate_selection", nv, which), make)
+
+    def delta_layer(self, tensors, p, tables):
+        """tensors: h, input norm, in_proj, conv, A_log, dt_bias, gated norm, out_proj, conv
+        carry, recurrent state. Returns the new residual stream, conv carry and state."""
+        h, norm, in_proj, conv, a_log, dt_bias, gnorm, out_proj, carry, state = tensors
+        nk, nv = int(p["key_heads"]), int(p["value_heads"])
+        dk, dv = int(p["key_dim"]), int(p["value_dim"])
+        kernel = int(p["conv_kernel"])
+        self._bf16_only("delta_net")
+        t = h[0].rows
+        kd, vd = nk * dk, nv * dv
+        ch = 2 * kd + vd
+        tp = round_up(t, TILE_SIZE)
+        if (kernel != NATIVE_CONV_TAPS or dk != dv or dk % TILE_SIZE or vd % TILE_SIZE
+                or t < NATIVE_CONV_TAPS - 1 or tp > DELTA_PIECE or nk <= 0 or nv % nk):
+            _refuse("delta_net", "%d rows, kernel %d, %d key heads x %d, %d value heads x %d"
+                    % (t, kernel, nk, dk, nv, dv))
+        if in_proj[0].cols != ch + vd + 2 * nv:
+            _refuse("delta_net", "in_proj of %d columns" % in_proj[0].cols)
+        ttnn, call, dram, fp32 = self.ttnn, self.tt.call, self.dram, self.ttnn.float32
+        config = p["config"]
+        x = self._input_norm(h, norm, float(p["eps"]))
+        fused = self.matmul(x, t, in_proj, config)
+        self.drop(x)
+        if CARRY_FORM == "slices":
+            q, k, v = self.conv_parts(fused, t, conv, carry, (kd, kd, vd))
+            new_carry = self.conv_carry(fused, t, ch)
+        else:
+            q, k, v, new_carry = self.conv_parts(fused, t, conv, carry, (kd, kd, vd),
+                                                 with_carry=True)
+        # The gates in f32 from the b|a columns: beta = sigmoid(b),
+        # g = -exp(A_log) * softplus(a + dt_bias) (the port's GDN_GATE_FP32).
+        ba = self.cols(fused, ch + vd, ch + vd + 2 * nv)
+        exact = precise(ttnn)
+        beta = call("experimental.minimal_matmul", ttnn.experimental.minimal_matmul, ba,
+                    self._gate_selection(nv, 0), fused_activation=self.unary("SIGMOID"),
+                    dtype=fp32, compute_kernel_config=exact, memory_config=dram)
+        sp = call("experimental.minimal_matmul", ttnn.experimental.minimal_matmul, ba,
+                  self._gate_selection(nv, 1),
+                  bias_tensor=self.row_of(dt_bias[1], "row_f32", fp32),
+                  fused_activation=self.unary("SOFTPLUS", 1.0, 20.0), dtype=fp32,
+                  compute_kernel_config=exact, memory_config=dram)
+        self.drop(ba)
+        g = call("multiply", ttnn.multiply, sp,
+                 self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
+                 memory_config=dram)
+        self.drop(sp)
+        gates = [self.reshape(self.pad_end(a, 2, tp), (1, tp, nv)) for a in (g, beta)]
+        s = None
+        if state is not None:
+            s = self.reshape(self.typecast(state[1].t, fp32), (1, nv, dk, dv))
+        eye, tril, ones, masks = self.delta_constants()
+        o, s_next = call("transformer.chunk_gated_delta_rule",
+                         ttnn.transformer.chunk_gated_delta_rule, q, k, v, gates[0], gates[1],
+                         scale=f32(dk ** -0.5), initial_state=s, output_final_state=True,
+                         chunk_size=DELTA_CHUNK, output_head_major=True, eye=eye, tril=tril,
+                         ones=ones, masks=masks)
+        self.drop(q, k, v, g, beta, *gates)
+        if s is not None and (state is None or s is not state[1].t):
+            self.drop(s)
+        heads = self.reshape(o, (1, nv, tp, dv))
+        y = call("rms_norm", ttnn.rms_norm, heads, epsilon=f32(float(p["eps"])),
+                 weight=self.gamma(gnorm[1], dv, False), compute_kernel_config=exact,
+                 memory_config=dram)
+        self.drop(o, heads)
+        flat = self.rows(self.heads_last(y), 0, t)
+        self.drop(y)
+        z = self.cols(fused, ch, ch + vd)
+        gated = call("multiply", ttnn.multiply, flat, z,
+                     input_tensor_b_activations=[self.unary("SILU")], dtype=self.act_dtype,
+                     memory_config=dram)
+        self.drop(flat, z, fused)
+        out = self.matmul(gated, t, out_proj, config)
+        self.drop(gated)
+        s_out = self.reshape(s_next, (1, 1, nv * dk, dv))
+        return [self.wrap(self._residual(h, out, bool(p["reduce"]))), self.wrap(new_carry),
+                self.wrap(s_out)]
+
+    # -- MLP --------------------------------------------------------------------------------------
+    def mlp_layer(self, tensors, p, tables):
+        """tensors: h, post-attention norm, gate|up, down. Returns the new residual stream."""
+        h, norm, gate_up, down = tensors
+        self._bf16_only("mlp")
+        half = gate_up[0].cols // 2
+        if gate_up[0].cols % 2 or half % TILE_SIZE or down[0].rows != half:
+            _refuse("mlp", "gate|up of %d columns, down of %d rows"
+                    % (gate_up[0].cols, down[0].rows))
+        ttnn, call, config = self.ttnn, self.tt.call, p["config"]
+        t = h[0].rows
+        x = self._input_norm(h, norm, float(p["eps"]))
+        ckc = kernel_config(ttnn, int(config.get("fidelity", 0)), config.get("fp32_dest_acc", 1),
+                            config.get("packer_l1_acc", 0))
+        gate, up = call("experimental.minimal_matmul_split",
+                        ttnn.experimental.minimal_matmul_split, x, gate_up[1].t, chunks=2,
+                        compute_kernel_config=ckc, dtype=self.act_dtype,
+                        memory_config=self.dram)
+        self.drop(x)
+        act = call("multiply", ttnn.multiply, gate, up,
+                   input_tensor_a_activations=[self.unary("SILU")], memory_config=self.dram)
+        self.drop(gate, up)
+        out = self.matmul(act, t, down, config)
+        self.drop(act)
+        return [self.wrap(self._residual(h, out, bool(p["reduce"])))]

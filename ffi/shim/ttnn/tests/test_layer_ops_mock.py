@@ -1,0 +1,118 @@
+"""The layer ops (clef_tt_ttnn/layers.py) against the fine-op composition they replace, on the
+mock P150x2 in the golden-shadow mode (CLEF_TT_GOLDEN=1: downloads return what ttnn's golden
+functions, and the package's own shadows, computed).
+
+At Clef 27B's TP=2 per-device shapes with random weights (bench_layers_mock.Bench: its fine
+methods are the ABI op sequence of src/backbone, its *_layer methods the layer ops), for a
+tile-aligned chunk, an unaligned one and an unaligned chunk after an unaligned cache:
+- attention and MLP: the residual stream and the KV rows equal the composition's exactly (the
+  same ops on the same values, in other layouts);
+- DeltaNet: the conv carry and the recurrent state exactly; the residual stream within 4e-3 of
+  its largest value (the layer op norms the delta rule's f32 output before rounding to bf16, the
+  composition rounds first; one bf16 ulp is 3.9e-3), from the sequence start and from a carried
+  state.
+Then the refusals: a form a layer op does not take (a rotary width `rotary_embedding_hf`
+refuses, a head dim not a multiple of 32, an FFN split off tiles) raises NotImplementedError
+before any ttnn call, so the caller's fallback to the fine ops starts from a clean mesh.
+
+Run (needs torch in the kit's venv; from a scratch folder, ttnn writes `generated/` there):
+    source /tmp/ttmock/env.sh
+    cd "$(mktemp -d)" && $CLEF_TT_PYTHON /path/to/ffi/shim/ttnn/tests/test_layer_ops_mock.py
+"""
+import os
+import sys
+
+import numpy as np
+
+os.environ["CLEF_TT_GOLDEN"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_layers_mock as B  # noqa: E402
+
+FAILED = []
+
+
+def check(name, err, tol):
+    ok = err <= tol
+    print("%-48s max |diff| / max |ref| %.2e (tol %.0e) %s" % (name, err, tol,
+                                                              "ok" if ok else "FAIL"))
+    if not ok:
+        FAILED.append(name)
+
+
+def main():
+    b = B.Bench(seed=3)
+    m = b.m
+    w = b.weights()
+
+    def values(pair):
+        meta, obj = pair
+        return np.frombuffer(m.download(meta, obj, 0), np.float32).reshape(meta.rows, meta.cols)
+
+    def compare(name, ref, got, tol=0.0):
+        r, g = values(ref), values(got)
+        check(name, float(np.abs(r - g).max() / max(1e-6, np.abs(r).max())), tol)
+
+    for t, start in ((128, 0), (100, 0), (64, 100)):
+        h = b.act(t, B.HIDDEN)
+        cache = None
+        if start:
+            cache = b.attention(w, b.act(start, B.HIDDEN), start, None, b.positions(0, start))[1]
+        at = "T=%d from %d" % (t, start)
+        ref, (rk, rv) = b.attention(w, h, t, cache, b.positions(start, t))
+        got, (gk, gv) = b.attention_layer(w, h, t, cache, b.positions(start, t))
+        compare("attention %s: residual" % at, ref, got)
+        compare("attention %s: keys" % at, rk, gk)
+        compare("attention %s: values" % at, rv, gv)
+        state = None
+        for turn in ("start", "carried"):
+            ref, rs = b.delta(w, h, t, state)
+            got, gs = b.delta_layer(w, h, t, state)
+            compare("deltanet T=%d (%s): residual" % (t, turn), ref, got, 4e-3)
+            compare("deltanet T=%d (%s): conv carry" % (t, turn), rs[0], gs[0])
+            compare("deltanet T=%d (%s): state" % (t, turn), rs[1], gs[1])
+            state = rs
+        compare("mlp T=%d: residual" % t, b.mlp(w, h, t), b.mlp_layer(w, h, t))
+
+    # Refusals before any ttnn call.
+    h = b.act(64, B.HIDDEN)
+    narrow = b.matrix(B.HIDDEN, 2 * 48, B.BFP8_B)
+    refusals = {
+        "attention, rotary 8": lambda: m.layer_op(
+            "attention", [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], None, None],
+            dict(heads=B.HEADS, kv_heads=B.KV_HEADS, head_dim=B.HEAD_DIM, eps=B.EPS, reduce=1,
+                 config=B.CFG), (64, 4, bytes(64 * 4 * 4), bytes(64 * 4 * 4))),
+        "deltanet, key dim 100": lambda: m.layer_op(
+            "delta_net", [h, w["norm"], w["in"], w["conv"], w["alog"], w["dt"], w["gnorm"],
+                          w["out"], None, None],
+            dict(key_heads=B.NK, value_heads=B.NV, key_dim=100, value_dim=100, conv_kernel=4,
+                 eps=B.EPS, reduce=1, config=B.CFG), None),
+        "mlp, gate|up off tiles": lambda: m.layer_op(
+            "mlp", [h, w["norm"], narrow, w["down"]],
+            dict(eps=B.EPS, reduce=1, config=B.CFG), None),
+        "an unknown layer op": lambda: m.layer_op("moe", [h], {}, None),
+    }
+    for name, call in refusals.items():
+        m.reset_op_stats()
+        try:
+            call()
+            refused = False
+        except NotImplementedError:
+            refused = True
+        calls = m.tt.total_calls()
+        ok = refused and calls == 0
+        print("%-48s %s after %d ttnn calls %s" % ("refused: " + name,
+                                                   "NotImplementedError" if refused else "ran",
+                                                   calls, "ok" if ok else "FAIL"))
+        if not ok:
+            FAILED.append(name)
+    m.close()
+    if FAILED:
+        print("FAIL: %d checks: %s" % (len(FAILED), ", ".join(FAILED)))
+        sys.exit(1)
+    print("layer ops: every check passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+//! One decoder layer of the prefill: its mixer sublayer (gated attention or Gated DeltaNet) and
+//! its MLP sublayer, each from its input norm to its residual add.
+//!
+//! A sublayer is first offered to the mesh as a layer op ([`MeshOps::attention_layer`] and the
+//! others: one backend call, in the backend's own layouts). Where the mesh has none for these
+//! shapes, or intermediates are traced, it is composed from the fine ops
+//! ([`Backbone::attention`], [`Backbone::delta_net`] and the MLP below), which are the
+//! definition the layer ops are tested against.
+
+use super::weights::{LayerWeights, MixerWeights};
+use super::{Backbone, Collective, LayerState, PrefillError, TraceFn};
+use clef_device::{AttentionLayer, DeltaNetLayer, GatherAxis, MeshOps, MlpLayer};
+
+type Prev<'a, T> = Option<&'a LayerState<T>>;
+
+impl<B: MeshOps> Backbone<B> {
+    /// Whether layer `i`'s row-parallel outputs are all-reduced.
+    fn all_reduces(&self, i: usize) -> bool {
+        self.plan.layers[i].reduce == Collective::AllReduce
+    }
+
+    /// Layer `i`'s input norm (fine path), traced.
+    fn norm_traced(
+        &self,
+        name: String,
+        h: &B::Tensor,
+        w: &B::Weight,
+        trace: &mut TraceFn,
+    ) -> Result<B::Tensor, PrefillError> {
+        let m = &self.mesh;
+        let cfg = &self.config;
+        let x = m.rms_norm(h, w, cfg.hidden_size, cfg.rms_norm_eps, true)?;
+        trace(name, &|| m.gather(&x, GatherAxis::Cols));
+        Ok(x)
+    }
+
+    /// Layer `i`'s mixer sublayer on the residual stream `h`: the new stream and the layer's
+    /// state. `layer_ops`: offer it to the mesh as a layer op first.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mixer(
+        &self,
+        i: usize,
+        h: &B::Tensor,
+        lw: &LayerWeights<B::Weight>,
+        prev: Prev<'_, B::Tensor>,
+        positions: &[[u32; 3]],
+        layer_ops: bool,
+        trace: &mut TraceFn,
+    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+        let m = &self.mesh;
+        let eps = self.config.rms_norm_eps;
+        let wrong = |what: &str| {
+            PrefillError::State(format!(
+                "layer {i}: a {what} state for a layer of another kind"
+            ))
+        };
+        let (mixed, state) = match &lw.mixer {
+            MixerWeights::Attention {
+                qkv,
+                q_norm,
+                k_norm,
+                o_proj,
+            } => {
+                let cache = match prev {
+                    Some(LayerState::Attention { keys, values }) => Some((keys, values)),
+                    None => None,
+                    Some(_) => return Err(wrong("DeltaNet")),
+                };
+                let spec = self.attention_spec();
+                if layer_ops {
+                    let layer = AttentionLayer {
+                        h,
+                        norm: &lw.input_norm,
+                        qkv,
+                        q_norm,
+                        k_norm,
+                        o_proj,
+                        cache,
+                        positions,
+                        spec,
+                        rope: self.rope_spec(spec.heads),
+                        eps,
+                        all_reduce: self.all_reduces(i),
+                    };
+                    if let Some(done) = m.attention_layer(&layer) {
+                        let [h, keys, values] = done?;
+                        return Ok((h, LayerState::Attention { keys, values }));
+                    }
+                }
+                let x = self.norm_traced(
+                    format!("layers.{i}.input_layernorm"),
+                    h,
+                    &lw.input_norm,
+                    trace,
+                )?;
+                self.attention(i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, trace)?
+            }
+            MixerWeights::DeltaNet {
+                in_proj,
+                conv,
+                a_log,
+                dt_bias,
+                norm,
+                out_proj,
+            } => {
+                let carried = match prev {
+                    Some(LayerState::DeltaNet { conv, recurrent }) => Some((conv, recurrent)),
+                    None => None,
+                    Some(_) => return Err(wrong("attention")),
+                };
+                if layer_ops {
+                    let layer = DeltaNetLayer {
+                        h,
+                        norm: &lw.input_norm,
+                        in_proj,
+                        conv,
+                        a_log,
+                        dt_bias,
+                        gated_norm: norm,
+                        out_proj,
+                        carried,
+                        spec: self.delta_spec(),
+                        eps,
+                        all_reduce: self.all_reduces(i),
+                    };
+                    if let Some(done) = m.delta_net_layer(&layer) {
+                        let [h, conv, recurrent] = done?;
+                        return Ok((h, LayerState::DeltaNet { conv, recurrent }));
+                    }
+                }
+                let x = self.norm_traced(
+                    format!("layers.{i}.input_layernorm"),
+                    h,
+                    &lw.input_norm,
+                    trace,
+                )?;
+                self.delta_net(
+                    i, &x, in_proj, conv, a_log, dt_bias, norm, out_proj, carried, trace,
+                )?
+            }
+        };
+        Ok((m.add(h, &mixed)?, state))
+    }
+
+    /// Layer `i`'s MLP sublayer on the residual stream `h`: the new stream.
+    pub(super) fn mlp(
+        &self,
+        i: usize,
+        h: &B::Tensor,
+        lw: &LayerWeights<B::Weight>,
+        layer_ops: bool,
+        trace: &mut TraceFn,
+    ) -> Result<B::Tensor, PrefillError> {
+        let m = &self.mesh;
+        if layer_ops {
+            let layer = MlpLayer {
+                h,
+                norm: &lw.post_norm,
+                gate_up: &lw.gate_up,
+                down: &lw.down,
+                eps: self.config.rms_norm_eps,
+                all_reduce: self.all_reduces(i),
+            };
+            if let Some(done) = m.mlp_layer(&layer) {
+                return Ok(done?);
+            }
+        }
+        let x = self.norm_traced(
+            format!("layers.{i}.post_attention_layernorm"),
+            h,
+            &lw.post_norm,
+            trace,
+        )?;
+        let gu = m.linear(&x, &lw.gate_up)?;
+        let act = m.swiglu(&gu)?;
+        let down = self.reduce(i, m.linear(&act, &lw.down)?)?;
+        trace(format!("layers.{i}.mlp"), &|| {
+            m.gather(&down, GatherAxis::Cols)
+        });
+        Ok(m.add(h, &down)?)
+    }
+}

@@ -1,0 +1,227 @@
+//! `clef-tt bench prefill --shape clef-27b --device tt`: the device path of one prefill chunk of
+//! a model shape, measured on a Tenstorrent mesh (or tt-metal's mock one) through the real
+//! Rust backbone, the C ABI and the shim, with synthetic weights that live only on the devices
+//! (matrices allocated, never uploaded: Clef 27B's 15 GB never leave the host; the small
+//! vectors are uploaded as zeros). Per chunk length and start position it reports:
+//! - device ops: ttnn's own count (graph capture through the shim's `graph_capture` mesh
+//!   command; a mesh workload counts once), not the backend's;
+//! - ttnn calls (every call the shim made to ttnn, deallocations included) and ABI calls (op
+//!   and layer-op calls through the C ABI), per chunk;
+//! - host ms: wall time of `Backbone::prefill_embedded` for the chunk (the upload of its rows,
+//!   every op, the download of the final rows) with cached programs, the median of the
+//!   repeats after one warm-up;
+//! - data movement: the device ops that only move or re-lay data (tilize, untilize, reshape,
+//!   slice, concat, typecast, transpose, permute, pad, and the heads ops), with the bytes they
+//!   write per device.
+//!
+//! A start past 0 is reached by prefilling chunks up to it first (their state is what the
+//! measured chunk continues from). On a mock device the values are not computed, so host time
+//! and op counts are what it can tell; device time needs chips.
+
+use clef_device::plan::{PlaceError, Split, SplitError, WeightPlan, WeightSource};
+use clef_device::tt::TtMesh;
+use clef_device::{HostTensor, HostWeight, MeshOps, WeightFormat};
+use clef_tt::backbone::{visit_weights, Backbone, LoadError, PrefillState, TpPlan, WeightFormats};
+use clef_tt::checkpoint::{expected_text_tensors, CheckpointError, TextConfig};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// One measured chunk.
+pub struct ChunkRow {
+    pub tokens: usize,
+    pub start: usize,
+    pub device_ops: u64,
+    pub ttnn_calls: u64,
+    pub abi_calls: u64,
+    pub host_ms: f64,
+    /// (kind, ops, bytes written per device), most bytes first.
+    pub movement: Vec<(String, u64, u64)>,
+}
+
+/// Zero vectors of the shapes a config implies (a vector's values do not change the path).
+struct ZeroVectors(HashMap<String, Vec<usize>>);
+
+impl WeightSource for ZeroVectors {
+    type Error = CheckpointError;
+
+    fn rows(
+        &self,
+        tensor: &str,
+        rows: std::ops::Range<usize>,
+        _matrix: bool,
+    ) -> Result<HostWeight, CheckpointError> {
+        let cols = self.cols(tensor)?;
+        Ok(HostWeight::f32(
+            rows.len(),
+            cols,
+            vec![0.0; rows.len() * cols],
+        ))
+    }
+}
+
+impl ZeroVectors {
+    fn cols(&self, tensor: &str) -> Result<usize, CheckpointError> {
+        let shape = self.0.get(tensor).ok_or_else(|| {
+            CheckpointError::from(SplitError {
+                tensor: tensor.to_string(),
+                msg: "not a tensor of this shape".into(),
+            })
+        })?;
+        Ok(shape.iter().skip(1).product::<usize>().max(1))
+    }
+}
+
+/// One planned weight on the mesh: a matrix allocated in `format` (values unset), a vector
+/// uploaded as zeros.
+fn synthetic_weight(
+    mesh: &TtMesh,
+    source: &ZeroVectors,
+    w: &WeightPlan,
+    format: WeightFormat,
+) -> Result<<TtMesh as MeshOps>::Weight, LoadError> {
+    let devices = mesh.mesh().devices();
+    let name = w
+        .parts
+        .first()
+        .map(|p| p.tensor.clone())
+        .unwrap_or_default();
+    let placed = if w.matrix {
+        let rows: usize = w.parts.iter().map(|p| p.rows.len()).sum();
+        let cols = source.cols(&name).map_err(PlaceError::Source)?;
+        let (outputs, inputs) = match w.split {
+            Split::Columns => (rows / devices, cols),
+            Split::Rows => (rows, cols / devices),
+            Split::Replicated => (rows, cols),
+        };
+        mesh.allocate_weight(outputs, inputs, format)
+            .map_err(|source| PlaceError::Device {
+                tensor: name,
+                source,
+            })
+    } else {
+        w.place(mesh, source, WeightFormat::F32)
+    };
+    Ok(placed?)
+}
+
+/// A backbone of `config` on `mesh` with synthetic weights in `formats`.
+pub fn synthetic_backbone(
+    config: &TextConfig,
+    mesh: TtMesh,
+    formats: &WeightFormats,
+) -> anyhow::Result<Backbone<TtMesh>> {
+    let plan = TpPlan::new(config, mesh.mesh().devices())?;
+    let source = ZeroVectors(expected_text_tensors(config).into_iter().collect());
+    let placed = visit_weights(&plan, formats, |w, format| {
+        synthetic_weight(&mesh, &source, w, format)
+    })?;
+    Ok(Backbone::synthetic(config.clone(), mesh, plan, placed))
+}
+
+/// Measures every chunk length from every start (see the module header).
+pub fn measure(
+    bb: &Backbone<TtMesh>,
+    tokens: &[usize],
+    starts: &[usize],
+    repeats: usize,
+) -> anyhow::Result<Vec<ChunkRow>> {
+    let m = bb.mesh();
+    let hidden = bb.config().hidden_size;
+    let rows_of = |n: usize| HostTensor::new(n, hidden, vec![0.0; n * hidden]);
+    let step = tokens.iter().copied().max().unwrap_or(1024).max(1);
+    let mut out = Vec::new();
+    for &start in starts {
+        // The state at `start`: chunks of the longest length prefilled up to it.
+        let mut state: Option<PrefillState<_>> = None;
+        let mut at = 0;
+        while at < start {
+            let n = step.min(start - at);
+            let positions = Backbone::<TtMesh>::text_positions(at, n);
+            state = Some(
+                bb.prefill_embedded(&rows_of(n), &positions, state.as_ref(), None)?
+                    .1,
+            );
+            at += n;
+        }
+        for &n in tokens {
+            let x = rows_of(n);
+            let positions = Backbone::<TtMesh>::text_positions(start, n);
+            let run = || bb.prefill_embedded(&x, &positions, state.as_ref(), None);
+            run()?; // programs built and cached
+            m.take_op_calls();
+            m.take_runtime_calls();
+            let mut times = Vec::new();
+            for _ in 0..repeats.max(1) {
+                let t0 = Instant::now();
+                run()?;
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            let runs = repeats.max(1) as u64;
+            let abi_calls = m.take_op_calls() / runs;
+            let ttnn_calls = m.take_runtime_calls().iter().map(|c| c.calls).sum::<u64>() / runs;
+            m.command(r#"{"graph_capture": "begin"}"#)?;
+            let captured = run();
+            let summary: serde_json::Value =
+                serde_json::from_str(&m.command(r#"{"graph_capture": "end"}"#)?)?;
+            captured?;
+            let mut movement: Vec<(String, u64, u64)> = summary["data_movement"]
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v[0].as_u64().unwrap_or(0),
+                                v[1].as_u64().unwrap_or(0),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            movement.sort_by_key(|m| std::cmp::Reverse(m.2));
+            out.push(ChunkRow {
+                tokens: n,
+                start,
+                device_ops: summary["device_ops"].as_u64().unwrap_or(0),
+                ttnn_calls,
+                abi_calls,
+                host_ms: super::bench::median(times),
+                movement,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[ChunkRow]) -> String {
+    let mut s = String::from(
+        "| tokens | start | device ops | ttnn calls | ABI calls | host ms | data movement (ops, bytes per device) |\n|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        let moved: Vec<String> = r
+            .movement
+            .iter()
+            .map(|(k, n, b)| format!("{k} {n} ({})", mib(*b)))
+            .collect();
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.1} | {} |\n",
+            r.tokens,
+            r.start,
+            r.device_ops,
+            r.ttnn_calls,
+            r.abi_calls,
+            r.host_ms,
+            if moved.is_empty() {
+                "none".to_string()
+            } else {
+                moved.join(", ")
+            }
+        ));
+    }
+    s
+}
