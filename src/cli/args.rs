@@ -371,6 +371,10 @@ pub enum BenchCommand {
         /// With --shape: positions the measured chunks start at (reached by prefilling first).
         #[arg(long, value_delimiter = ',', default_value = "0,15360")]
         start: Vec<usize>,
+        /// With --shape: fail when a chunk takes more device ops than this (a count, not a
+        /// timing: CI holds Clef 27B's 128-token chunk to 1,800 this way).
+        #[arg(long)]
+        max_device_ops: Option<u64>,
         /// Mesh shapes.
         #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
         mesh: Vec<String>,

@@ -12,7 +12,9 @@
 //!   repeats after one warm-up;
 //! - data movement: the device ops that only move or re-lay data (tilize, untilize, reshape,
 //!   slice, concat, typecast, transpose, permute, pad, and the heads ops), with the bytes they
-//!   write per device.
+//!   write per device;
+//! - plan: the device ops `clef-tt plan` prices for the chunk (`perf_model::chunk_ops`), which
+//!   must agree with the graph in total and per data-movement kind (`ChunkRow::disagreements`).
 //!
 //! A start past 0 is reached by prefilling chunks up to it first (their state is what the
 //! measured chunk continues from). On a mock device the values are not computed, so host time
@@ -23,6 +25,7 @@ use clef_device::tt::TtMesh;
 use clef_device::{HostTensor, HostWeight, MeshOps, WeightFormat};
 use clef_tt::backbone::{visit_weights, Backbone, LoadError, PrefillState, TpPlan, WeightFormats};
 use clef_tt::checkpoint::{expected_text_tensors, CheckpointError, TextConfig};
+use clef_tt::perf_model::{chunk_ops, device_programs};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -31,6 +34,11 @@ pub struct ChunkRow {
     pub tokens: usize,
     pub start: usize,
     pub device_ops: u64,
+    /// Device ops `clef-tt plan` prices for the chunk (`perf_model::chunk_ops`).
+    pub plan_ops: u64,
+    /// Where the plan and the graph disagree (total or a data-movement kind); empty when
+    /// they agree op for op.
+    pub disagreements: Vec<String>,
     pub ttnn_calls: u64,
     pub abi_calls: u64,
     pub host_ms: f64,
@@ -121,6 +129,7 @@ pub fn synthetic_backbone(
 /// Measures every chunk length from every start (see the module header).
 pub fn measure(
     bb: &Backbone<TtMesh>,
+    formats: &WeightFormats,
     tokens: &[usize],
     starts: &[usize],
     repeats: usize,
@@ -179,10 +188,30 @@ pub fn measure(
                 })
                 .unwrap_or_default();
             movement.sort_by_key(|m| std::cmp::Reverse(m.2));
+            let device_ops = summary["device_ops"].as_u64().unwrap_or(0);
+            let planned = chunk_ops(bb.config(), bb.plan(), formats, n, start);
+            let (plan_ops, plan_kinds) = device_programs(&planned);
+            let mut disagreements = Vec::new();
+            if plan_ops as u64 != device_ops {
+                disagreements.push(format!("{plan_ops} device ops planned, {device_ops} run"));
+            }
+            let ran = |kind: &str| movement.iter().find(|m| m.0 == kind).map_or(0, |m| m.1);
+            let mut kinds: Vec<&str> = plan_kinds.iter().map(|k| k.0).collect();
+            kinds.extend(movement.iter().map(|m| m.0.as_str()));
+            kinds.sort_unstable();
+            kinds.dedup();
+            for kind in kinds {
+                let planned = plan_kinds.iter().find(|k| k.0 == kind).map_or(0, |k| k.1) as u64;
+                if planned != ran(kind) {
+                    disagreements.push(format!("{kind}: {planned} planned, {} run", ran(kind)));
+                }
+            }
             out.push(ChunkRow {
                 tokens: n,
                 start,
-                device_ops: summary["device_ops"].as_u64().unwrap_or(0),
+                device_ops,
+                plan_ops: plan_ops as u64,
+                disagreements,
                 ttnn_calls,
                 abi_calls,
                 host_ms: super::bench::median(times),
@@ -200,7 +229,7 @@ fn mib(bytes: u64) -> String {
 /// The rows as a Markdown table.
 pub fn table(rows: &[ChunkRow]) -> String {
     let mut s = String::from(
-        "| tokens | start | device ops | ttnn calls | ABI calls | host ms | data movement (ops, bytes per device) |\n|---:|---:|---:|---:|---:|---:|---|\n",
+        "| tokens | start | device ops | plan | ttnn calls | ABI calls | host ms | data movement (ops, bytes per device) |\n|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let moved: Vec<String> = r
@@ -209,10 +238,11 @@ pub fn table(rows: &[ChunkRow]) -> String {
             .map(|(k, n, b)| format!("{k} {n} ({})", mib(*b)))
             .collect();
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.1} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {} |\n",
             r.tokens,
             r.start,
             r.device_ops,
+            r.plan_ops,
             r.ttnn_calls,
             r.abi_calls,
             r.host_ms,

@@ -314,6 +314,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             profile,
             shape: Some(shape),
             start,
+            max_device_ops,
             device,
         } => {
             if model.is_some() || profile {
@@ -340,13 +341,45 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                     let tt =
                         device::open_tt(&shim, MeshLayout::single(shape_of_mesh), 0, p.numerics())?;
                     let bb = bench_chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
-                    let rows = bench_chunk::measure(&bb, &tokens, &start, repeat)?;
+                    let rows =
+                        bench_chunk::measure(&bb, &p.weight_formats(), &tokens, &start, repeat)?;
                     println!(
                         "{shape:?} on a {shape_of_mesh} {} mesh, profile {}:\n",
                         hardware(&shim),
                         p.name
                     );
                     print!("{}", bench_chunk::table(&rows));
+                    let disagree: Vec<String> = rows
+                        .iter()
+                        .flat_map(|r| {
+                            r.disagreements
+                                .iter()
+                                .map(move |d| format!("{} tokens from {}: {d}", r.tokens, r.start))
+                        })
+                        .collect();
+                    if !disagree.is_empty() {
+                        bail!(
+                            "the plan and ttnn's graph capture disagree: {}",
+                            disagree.join("; ")
+                        );
+                    }
+                    println!("\nthe plan prices every device op the graph shows (in total and per data-movement kind)");
+                    if let Some(max) = max_device_ops {
+                        let over: Vec<String> = rows
+                            .iter()
+                            .filter(|r| r.device_ops > max)
+                            .map(|r| {
+                                format!("{} at {} tokens from {}", r.device_ops, r.tokens, r.start)
+                            })
+                            .collect();
+                        if !over.is_empty() {
+                            bail!(
+                                "device ops per chunk over the budget of {max}: {}",
+                                over.join(", ")
+                            );
+                        }
+                        println!("\ndevice ops per chunk within the budget of {max}");
+                    }
                 }
             }
         }
@@ -359,6 +392,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             profile,
             shape: None,
             start: _,
+            max_device_ops: _,
             device,
         } => {
             let tokens = if tokens.is_empty() {

@@ -13,7 +13,7 @@ pub mod placement;
 pub mod report;
 mod vision;
 
-pub use ops::{chunk_ops, OpCost};
+pub use ops::{chunk_ops, device_programs, OpCost};
 pub use vision::{vision_matrices, vision_ops};
 
 use crate::backbone::{Split, TpPlan, WeightFormats};

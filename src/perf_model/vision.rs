@@ -67,6 +67,8 @@ pub fn vision_ops(
             flops,
             dram_bytes: dram,
             link_bytes: link,
+            programs: 1,
+            movement: None,
         }),
     };
     let matmul = |m: &PlacedMatrix| {

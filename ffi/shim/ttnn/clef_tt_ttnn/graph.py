@@ -6,15 +6,18 @@ size per device). Used by `clef-tt bench prefill --shape` and the bench scripts;
 mock mode (ttnn's trace capture does not).
 """
 
-# Data-movement kinds, matched in this order against the program factory's name (untilize
-# before tilize, the heads ops before concat, tilize-with-padding before pad).
+# Data-movement kinds, matched in this order against the device operation's and the program
+# factory's names (untilize before tilize, the heads ops before concat, tilize-with-padding
+# before pad).
 MOVEMENT = ("untilize", "tilize", "nlp", "reshape", "slice", "concat", "typecast", "transpose",
             "permute", "pad")
 
 
-def movement_kind(factory):
-    """The data-movement kind of a program factory's name, or None for a compute op."""
-    name = factory.rsplit("::", 1)[-1].lower()
+def movement_kind(operation, factory):
+    """The data-movement kind of a device operation (its name and its program factory's short
+    name: NlpCreateHeadsDeviceOperation runs a factory called just `Interleaved`), or None for
+    a compute op."""
+    name = (operation + " " + factory.rsplit("::", 1)[-1]).lower()
     for kind in MOVEMENT:
         if kind in name:
             return "heads" if kind == "nlp" else kind
@@ -36,7 +39,7 @@ def summarize(graph):
             total += 1
             short = factory.rsplit("::", 1)[-1]
             programs[short] = programs.get(short, 0) + 1
-            moved = movement_kind(factory)
+            moved = movement_kind(str((start.get("params") or {}).get("name", "")), factory)
             if moved is not None:
                 written = sum(int((graph[c].get("params") or {}).get("size", 0))
                               for c in node.get("connections", [])

@@ -5,7 +5,8 @@ One 1,024-token chunk through one gated attention layer (from position 0, and fr
 prefix of 15,360 rows: 15 chunks appended before it, so append_rows writes into a pool of 256
 blocks and SDPA sees 16,384 keys; plus one append onto a restored prefix-cache slot, which
 shares the slot's blocks), one Gated DeltaNet layer (from a zero state, and from a nonzero f32
-state and conv carry), one MLP, and one vision-tower block at 1,024 patches (one image), at TP=2 per-device
+state and conv carry), one MLP, the same as layer ops (one ABI call per sublayer, what the backbone calls on
+a ttnn mesh), and one vision-tower block at 1,024 patches (one image), at TP=2 per-device
 shapes (bench_layers_mock.Bench: hidden 5120, 12+2 heads of 256, DeltaNet 8/24 heads of 128,
 MLP 8704; vision hidden 1152, 8 heads of 72, MLP 2152) with random weights in the selected
 profile's formats (bfp8_b text matrices, bf16 MLP down and vision matrices, HiFi2, fp32
@@ -57,10 +58,10 @@ PLAN_OP = {
     "rms_norm (input)": "rms_norm (input)",
     "rms_norm (post)": "rms_norm (post)",
     "linear qkv|gate": "attention qkv|gate matmul",
-    "rms_norm q": "q/k rms_norm + partial M-RoPE",
-    "rms_norm k": "q/k rms_norm + partial M-RoPE",
-    "rope q": "q/k rms_norm + partial M-RoPE",
-    "rope k": "q/k rms_norm + partial M-RoPE",
+    "rms_norm q": "q/k rms_norm (heads)",
+    "rms_norm k": "q/k rms_norm (heads)",
+    "rope q": "rope: rotary_embedding_hf",
+    "rope k": "rope: rotary_embedding_hf",
     "append_rows K": "paged_fill_cache (K, V)",
     "append_rows V": "paged_fill_cache (K, V)",
     "append_rows K onto a prefix-slot copy": "paged_fill_cache (K, V)",
@@ -72,7 +73,7 @@ PLAN_OP = {
     "causal_conv1d_silu": "causal conv1d + SiLU (carry)",
     "delta_gates": "delta gates (f32)",
     "gated_delta_rule": "chunk_gated_delta_rule (f32 state)",
-    "gated_rms_norm": "gated rms_norm",
+    "gated_rms_norm": "rms_norm per value head (f32)",
     "linear out_proj": "deltanet out_proj matmul",
     "linear gate|up": "mlp gate|up matmul",
     "swiglu": "SwiGLU",
@@ -294,6 +295,17 @@ class Capture(Bench):
         run("deltanet_state", with_state)
         run("mlp", lambda: self.mlp(w, h, T))
 
+        def layer_ops():
+            # What the backbone calls on a ttnn mesh: one layer op per sublayer.
+            self.attention_layer(w, h, T, None, self.positions(0, T))
+            keys, vals = self.prefix(PREFIX)
+            self.attention_layer(w, h, T, (keys, vals), self.positions(PREFIX, T))
+            self.delta_layer(w, h, T, None)
+            carry = self.act(KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED)
+            self.delta_layer(w, h, T, (carry, self.f32_state()))
+            self.mlp_layer(w, h, T)
+        run("layer_ops", layer_ops)
+
         def vision():
             vw = self.vision_weights()
             x = self.act(PATCHES, V_HIDDEN)
@@ -312,6 +324,8 @@ TITLES = {
     "deltanet_state": ("Gated DeltaNet layer, 1,024 tokens from a nonzero f32 state and conv "
                        "carry", "deltanet", PREFIX),
     "mlp": ("MLP, 1,024 tokens", "mlp", 0),
+    "layer_ops": ("Layer ops, 1,024 tokens: attention from 0 and after 15,360 cached rows, "
+                  "DeltaNet from a zero and a nonzero state, MLP", "attention", 0),
     "vision": ("Vision block (Clef 27B tower), 1,024 patches", "vision", 0),
 }
 
