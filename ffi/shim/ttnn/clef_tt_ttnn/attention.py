@@ -54,9 +54,10 @@ class Attention:
                 h.release(self.ttnn)
         return self.wrap(out)
 
-    def paged_attention(self, qh, k, v, d):
+    def paged_attention(self, qh, k, v, d, ckc=None):
         """Heads-first q [1, heads, T, dp] (KV dtype) of the last T positions of KV handles k and
-        v -> the heads-first output [1, heads, T, dp] (see the module docstring)."""
+        v -> the heads-first output [1, heads, T, dp] (see the module docstring); HiFi4 unless
+        the kernel config `ckc` is given."""
         heads, t, dp = self.shape(qh)[1:]
         start = k.rows - t
         front = start % TILE_SIZE
@@ -76,7 +77,8 @@ class Attention:
                          qf, k.pool.t, v.pool.t, table, chunk_start_idx=aligned,
                          scale=f32(d ** -0.5), program_config=sdpa_program(self.ttnn, self.grid,
                                                                       q_chunk, k_chunk),
-                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+                         compute_kernel_config=ckc or precise(self.ttnn),
+                         memory_config=self.dram)
         if qf is not qh:
             self.drop(qf)
         if not front:

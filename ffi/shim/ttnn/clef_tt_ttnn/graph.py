@@ -2,7 +2,9 @@
 operations between {"graph_capture": "begin"} and {"graph_capture": "end"}, counted by ttnn
 itself (the capture's function_start nodes that name a program factory; a mesh workload counts
 once), per program, with the data-movement ops and the bytes they write (their output tensors'
-size per device). Used by `clef-tt bench prefill --shape` and the bench scripts; it works in
+size per device), every buffer allocated (address, size) and the host's writes to the devices:
+two identical chunks allocating at the same addresses with no host write in between is what
+ttnn's trace capture needs on chips. Used by `clef-tt bench prefill --shape` and the bench scripts; it works in
 mock mode (ttnn's trace capture does not).
 """
 
@@ -24,12 +26,24 @@ def movement_kind(operation, factory):
     return None
 
 
+# Functions through which the host writes device memory.
+HOST_WRITES = ("to_device", "copy_host_to_device", "write_tensor")
+
+
 def summarize(graph):
-    """{"device_ops", "programs": {factory: count}, "data_movement": {kind: [count, bytes]}}."""
+    """{"device_ops", "programs": {factory: count}, "data_movement": {kind: [count, bytes]},
+    "allocations": [[address, size] of every device buffer allocated, in order],
+    "host_writes": the calls that wrote device memory from the host}."""
     programs, movement, stack, total = {}, {}, [], 0
+    allocations, host_writes = [], 0
     for node in graph:
         kind = node.get("node_type")
+        params = node.get("params") or {}
+        if kind == "buffer_allocate":
+            allocations.append([int(params.get("address", 0)), int(params.get("size", 0))])
         if kind == "function_start":
+            if any(w in str(params.get("name", "")) for w in HOST_WRITES):
+                host_writes += 1
             stack.append(node)
         elif kind == "function_end" and stack:
             start = stack.pop()
@@ -47,7 +61,8 @@ def summarize(graph):
                 entry = movement.setdefault(moved, [0, 0])
                 entry[0] += 1
                 entry[1] += written
-    return {"device_ops": total, "programs": programs, "data_movement": movement}
+    return {"device_ops": total, "programs": programs, "data_movement": movement,
+            "allocations": allocations, "host_writes": host_writes}
 
 
 class GraphCommands:

@@ -20,7 +20,9 @@ computation as src/backbone/mod.rs composes from the fine ops, but inside one ca
   fused multiply.
 - MLP: `experimental.minimal_matmul_split` writes gate and up as two tensors (no slices), the
   SiLU is fused into their product.
-Each ends with the row-parallel projection, the all-reduce (reduce-scatter + all-gather, when
+SDPA and the norms run at the profile's fidelity, at least HiFi2 (programs.sublayer: the port's
+HiFi2 under `selected`); the gate selection stays HiFi4 (exact copies). Each ends with the
+row-parallel projection, the all-reduce (reduce-scatter + all-gather, when
 the plan asks for it) and the residual add: one ABI call per sublayer instead of 10-16.
 
 A layer op takes only the forms it was written for: bf16 activations and KV, tile-aligned head
@@ -33,7 +35,7 @@ import numpy as np
 
 from .delta import CARRY_FORM, DELTA_CHUNK, DELTA_PIECE, NATIVE_CONV_TAPS
 from .meta import TILE_SIZE, f32, round_up
-from .programs import kernel_config, precise
+from .programs import kernel_config, precise, sublayer
 
 
 def _refuse(op, why):
@@ -58,11 +60,12 @@ class LayerOps:
         if self.act_dtype != self.ttnn.bfloat16 or self.kv_dtype() != self.ttnn.bfloat16:
             _refuse(op, "activations or KV not bf16")
 
-    def _input_norm(self, h, w, eps):
+    def _input_norm(self, h, w, eps, config):
         """The sublayer's zero-centred input rms_norm (gamma 1 + w) of the residual stream."""
         mh, ho = h
         gamma = self.gamma(w[1], mh.cols, True)
-        return self.norm_groups(ho.t, mh.rows, mh.cols, mh.cols, eps, gamma)
+        return self.norm_groups(ho.t, mh.rows, mh.cols, mh.cols, eps, gamma,
+                                sublayer(self.ttnn, config))
 
     def _residual(self, h, partial, reduce):
         """h + the all-reduce of the row-parallel projection's partial sums (or the sums as
@@ -92,7 +95,7 @@ class LayerOps:
         caches = [None if c is None else self.as_kv(c, kvh) for c in (ck, cv)]
         ttnn, call, dram = self.ttnn, self.tt.call, self.dram
         config = p["config"]
-        x = self._input_norm(h, norm, float(p["eps"]))
+        x = self._input_norm(h, norm, float(p["eps"]), config)
         fused = self.matmul(x, t, qkv, config)
         self.drop(x)
         # q|gate interleaved per head: 2H heads of d, then the KV heads.
@@ -108,7 +111,7 @@ class LayerOps:
         for x_, w_ in ((q, qn), (k, kn)):
             gamma = self.gamma(w_[1], d, True)
             y = call("rms_norm", ttnn.rms_norm, x_, epsilon=f32(float(p["eps"])), weight=gamma,
-                     compute_kernel_config=precise(ttnn), memory_config=dram)
+                     compute_kernel_config=sublayer(ttnn, config), memory_config=dram)
             self.drop(x_)
             normed.append(self.rope_heads(y, tables, rot, d))
             self.drop(y)
@@ -118,7 +121,7 @@ class LayerOps:
         for c in caches:
             if c is not None and c[1]:
                 c[0].release(ttnn)
-        o = self.paged_attention(q, keys, values, d)
+        o = self.paged_attention(q, keys, values, d, sublayer(ttnn, config))
         self.drop(q)
         gated = call("multiply", ttnn.multiply, o, gate,
                      input_tensor_b_activations=[self.unary("SIGMOID")], memory_config=dram)
@@ -159,7 +162,7 @@ class LayerOps:
             _refuse("delta_net", "in_proj of %d columns" % in_proj[0].cols)
         ttnn, call, dram, fp32 = self.ttnn, self.tt.call, self.dram, self.ttnn.float32
         config = p["config"]
-        x = self._input_norm(h, norm, float(p["eps"]))
+        x = self._input_norm(h, norm, float(p["eps"]), config)
         fused = self.matmul(x, t, in_proj, config)
         self.drop(x)
         if CARRY_FORM == "slices":
@@ -191,9 +194,12 @@ class LayerOps:
                  memory_config=dram)
         self.drop(sp)
         gates = [self.reshape(self.pad_end(a, 2, tp), (1, tp, nv)) for a in (g, beta)]
-        s = None
         if state is not None:
             s = self.reshape(self.typecast(state[1].t, fp32), (1, nv, dk, dv))
+        else:
+            # A zero state made once (without one the op uploads zeros from the host per call).
+            s = self.internal_once(("delta_zero_state", nv, dk, dv), lambda: self.host_rows(
+                [np.zeros((1, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT))
         eye, tril, ones, masks = self.delta_constants()
         o, s_next = call("transformer.chunk_gated_delta_rule",
                          ttnn.transformer.chunk_gated_delta_rule, q, k, v, gates[0], gates[1],
@@ -201,12 +207,12 @@ class LayerOps:
                          chunk_size=DELTA_CHUNK, output_head_major=True, eye=eye, tril=tril,
                          ones=ones, masks=masks)
         self.drop(q, k, v, g, beta, *gates)
-        if s is not None and (state is None or s is not state[1].t):
+        if state is not None and s is not state[1].t:
             self.drop(s)
         heads = self.reshape(o, (1, nv, tp, dv))
         y = call("rms_norm", ttnn.rms_norm, heads, epsilon=f32(float(p["eps"])),
-                 weight=self.gamma(gnorm[1], dv, False), compute_kernel_config=exact,
-                 memory_config=dram)
+                 weight=self.gamma(gnorm[1], dv, False),
+                 compute_kernel_config=sublayer(ttnn, config), memory_config=dram)
         self.drop(o, heads)
         flat = self.rows(self.heads_last(y), 0, t)
         self.drop(y)
@@ -232,7 +238,7 @@ class LayerOps:
                     % (gate_up[0].cols, down[0].rows))
         ttnn, call, config = self.ttnn, self.tt.call, p["config"]
         t = h[0].rows
-        x = self._input_norm(h, norm, float(p["eps"]))
+        x = self._input_norm(h, norm, float(p["eps"]), config)
         ckc = kernel_config(ttnn, int(config.get("fidelity", 0)), config.get("fp32_dest_acc", 1),
                             config.get("packer_l1_acc", 0))
         gate, up = call("experimental.minimal_matmul_split",

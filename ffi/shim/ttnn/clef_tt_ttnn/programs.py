@@ -10,9 +10,11 @@
   circular buffers fit MATMUL_CB_BUDGET. Single-tile M, and shapes no in0_block_w fits (ttnn
   refuses them: "Statically allocated ... buffers ... beyond max L1 size"), are left to ttnn's
   own choice, as the port does for decode-sized calls.
-- Attention (SDPA): HiFi4 with fp32 accumulation (the ABI asks for fp32 attention; the port
-  runs HiFi2), q/k chunks as the port's paged prefill picks them (`sdpa_chunks`).
-- Norms: HiFi4 with fp32 accumulation.
+- Attention (SDPA): q/k chunks as the port's paged prefill picks them (`sdpa_chunks`), fp32
+  accumulation; HiFi4 in the fine ops (the ABI's fp32 attention), the profile's fidelity but
+  at least HiFi2 in the layer ops (`sublayer`: the port runs SDPA and its norms at HiFi2,
+  "HiFi4 was slower"; `selected` and `stage1` are HiFi2 profiles, `bf16` HiFi4, `f32` exact).
+- Norms: as attention.
 """
 import math
 
@@ -31,8 +33,15 @@ def kernel_config(ttnn, fidelity, fp32_dest_acc, packer_l1_acc):
 
 
 def precise(ttnn):
-    """HiFi4, fp32 accumulation: attention and norms."""
+    """HiFi4, fp32 accumulation: attention and norms of the fine ops, and exact products."""
     return kernel_config(ttnn, EXACT, True, False)
+
+
+def sublayer(ttnn, config):
+    """The layer ops' SDPA and norms: the profile's fidelity (`config` as `linear` takes it),
+    LoFi raised to HiFi2, fp32 accumulation."""
+    fidelity = int(config.get("fidelity", EXACT))
+    return kernel_config(ttnn, HIFI2 if fidelity == LOFI else fidelity, True, False)
 
 
 def _subblock_w(per_core_n, subblock_h=1):

@@ -113,12 +113,14 @@ class TextOps:
         return self.row_of(w, ("gamma", one_plus), self.ttnn.float32,
                            (lambda v: v + 1.0) if one_plus else None)
 
-    def norm_groups(self, xt, rows, cols, group, eps, gamma):
-        """ttnn.rms_norm over each `group` columns of [1, 1, rows, cols] -> same shape."""
+    def norm_groups(self, xt, rows, cols, group, eps, gamma, ckc=None):
+        """ttnn.rms_norm over each `group` columns of [1, 1, rows, cols] -> same shape (HiFi4
+        unless the kernel config `ckc` is given)."""
         groups = cols // group
         view = xt if groups == 1 else self.reshape(xt, (1, rows, groups, group))
         y = self.tt.call("rms_norm", self.ttnn.rms_norm, view, epsilon=f32(eps), weight=gamma,
-                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+                         compute_kernel_config=ckc or precise(self.ttnn),
+                         memory_config=self.dram)
         if view is not xt:
             self.drop(view)
         out = self.reshape(y, (1, 1, rows, cols))

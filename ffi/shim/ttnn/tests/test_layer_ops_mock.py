@@ -11,7 +11,9 @@ tile-aligned chunk, an unaligned one and an unaligned chunk after an unaligned c
   its largest value (the layer op norms the delta rule's f32 output before rounding to bf16, the
   composition rounds first; one bf16 ulp is 3.9e-3), from the sequence start and from a carried
   state.
-Then the refusals: a form a layer op does not take (a rotary width `rotary_embedding_hf`
+Then two identical chunks of 8 layers allocate their device buffers at the same addresses and
+write nothing from the host (ttnn's graph capture: what trace capture on chips needs). Then the
+refusals: a form a layer op does not take (a rotary width `rotary_embedding_hf`
 refuses, a head dim not a multiple of 32, an FFN split off tiles) raises NotImplementedError
 before any ttnn call, so the caller's fallback to the fine ops starts from a clean mesh.
 
@@ -74,6 +76,36 @@ def main():
             compare("deltanet T=%d (%s): state" % (t, turn), rs[1], gs[1])
             state = rs
         compare("mlp T=%d: residual" % t, b.mlp(w, h, t), b.mlp_layer(w, h, t))
+
+    # Two identical chunks of 8 layers (6 DeltaNet, 2 attention, each with its MLP), after one
+    # that warms up programs, constants and spare KV pools: the same device buffers at the same
+    # addresses and no host write (what ttnn's trace capture needs on chips; traces themselves
+    # crash in mock mode).
+    h = b.act(128, B.HIDDEN)
+
+    def chunk():
+        x, states = h, []
+        for i in range(8):
+            x, st = (b.attention_layer(w, x, 128, None, b.positions(0, 128)) if i % 4 == 3
+                     else b.delta_layer(w, x, 128, None))
+            states.append(st)
+            x = b.mlp_layer(w, x, 128)
+        return x, states
+    chunk()
+    captured = []
+    for _ in range(2):
+        m.command({"graph_capture": "begin"})
+        out = chunk()
+        captured.append(m.command({"graph_capture": "end"}))
+        del out
+    first, second = captured
+    same = first["allocations"] == second["allocations"] and len(first["allocations"]) > 0
+    writes = first["host_writes"] + second["host_writes"]
+    print("%-48s %d buffers, %s addresses, %d host writes %s"
+          % ("two identical chunks", len(first["allocations"]), "the same" if same else "other",
+             writes, "ok" if same and writes == 0 else "FAIL"))
+    if not same or writes:
+        FAILED.append("two identical chunks")
 
     # Refusals before any ttnn call.
     h = b.act(64, B.HIDDEN)
