@@ -122,10 +122,16 @@ class Helpers:
         owner = self.owned.get(id(t))
         return owner is not None and any(x is t for x in owner.tensors())
 
+    # Set while a layer op runs (layers.py): its intermediates are freed when their Python
+    # objects go (at the latest when the op returns), without a deallocate call each.
+    deferred_frees = False
+
     def drop(self, *ts):
         """Deallocate intermediates now, never a tensor an ABI tensor, a pool or the mesh holds.
         force=False: a buffer still viewed by a tensor in use (reshape views share buffers) is
         kept until its last reference goes."""
+        if self.deferred_frees:
+            return
         for t in ts:
             if t is not None and not self.held(t) and t.is_allocated():
                 self.tt.call("deallocate", self.ttnn.deallocate, t, force=False)
