@@ -197,10 +197,11 @@ class Capture(Bench):
 
     @staticmethod
     def _kv_tails(args):
-        """The block bookkeeping of the KV pools among `args` (restored so a captured re-run
-        takes the path the first run took)."""
+        """The block bookkeeping of the KV pools among `args`, and in a list argument (a layer
+        op's tensors), restored so a captured re-run takes the path the first run took."""
+        flat = [e for a in args for e in (a if isinstance(a, list) else [a])]
         return [(a[1].pool, (list(a[1].pool.refs), list(a[1].pool.filled),
-                             list(a[1].pool.free))) for a in args
+                             list(a[1].pool.free))) for a in flat
                 if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], KV)]
 
     def _release(self, out, inputs):
