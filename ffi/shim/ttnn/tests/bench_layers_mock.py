@@ -1,14 +1,16 @@
 """Host cost of clef_tt_ttnn per backbone layer, on the mock P150x2 (no chips).
 
-Runs the ABI op sequence of src/backbone/mod.rs for one full-attention layer, one Gated DeltaNet
-layer and their MLPs at Clef's TP=2 per-device shapes (hidden 5120; 12 query heads + 2 KV heads
-x 256; DeltaNet 8 key heads x 128, 24 value heads x 128; MLP 8704), weights of zero bytes (valid
-packed tiles) in the stage-1 profile's dtypes, and prints, per layer kind and chunk length, the
-ttnn calls, the ttnn device operations (programs run on the chips: counted with ttnn's graph
-capture, one more run inside `begin_graph_capture(RunMode.NORMAL)`) and the host time of a call
-with cached programs (fastest of 3), then a 64-layer chunk (16 attention + 48 DeltaNet layers,
-each with its MLP, and the final norm). Device time is not modelled (mock mode). The Rust -> C ->
-pybind11 crossings of the ABI come on top of the host time (about 64 x 12 per chunk).
+Runs what the backbone (src/backbone/layer.rs) calls on a ttnn mesh — the layer ops
+(clef_tt_ttnn/layers.py: one call per attention, DeltaNet and MLP sublayer), or with `--fine`
+the fine ABI op sequence they replace — at Clef's TP=2 per-device shapes (hidden 5120; 12 query
+heads + 2 KV heads x 256; DeltaNet 8 key heads x 128, 24 value heads x 128; MLP 8704), weights
+of zero bytes (valid packed tiles) in the stage-1 profile's dtypes, and prints, per layer kind
+and chunk length, the ttnn calls, the ttnn device operations (programs run on the chips: counted
+with ttnn's graph capture, the `graph_capture` mesh command of clef_tt_ttnn/graph.py, one more
+run) and the host time of a call with cached programs (fastest of 3), then a 64-layer chunk (16
+attention + 48 DeltaNet layers, each with its MLP, and the final norm). Device time is not
+modelled (mock mode). The Rust -> C -> pybind11 crossings of the ABI (one per layer op) come on
+top: `clef-tt bench prefill --device tt --shape clef-27b` measures the whole path.
 
 `--budget N` exits 1 when a chunk takes more than N device ops (CI runs it at 128 tokens).
 
@@ -18,7 +20,7 @@ capture), weights can be random (`Bench(seed=...)`), and `vision_block` runs one
 27B's vision tower (vision/src/tower/mod.rs) at its TP=2 per-device shapes.
 
     source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && \
-        $CLEF_TT_PYTHON .../bench_layers_mock.py [--budget N] [T ...]
+        $CLEF_TT_PYTHON .../bench_layers_mock.py [--fine] [--budget N] [T ...]
 """
 import os
 import sys
