@@ -59,6 +59,8 @@ struct RopeTables {
   uint32_t half = 0;
   std::vector<float> cos;
   std::vector<float> sin;
+  // Set by the mesh's RopeCache (core/rope.hpp): the same generation means the same tables.
+  uint64_t generation = 0;
 };
 
 struct Segment {

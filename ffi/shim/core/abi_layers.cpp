@@ -42,17 +42,16 @@ int clef_tt_layer_op(clef_tt_mesh* mesh, const char* op, const clef_tt_tensor* c
       }
       metas.push_back(call.activation_meta(r.rows, r.cols, r.placement));
     }
-    std::optional<RopeTables> tables;
+    const RopeTables* tables = nullptr;
     if (rope != nullptr) {
       if (positions == nullptr) invalid("argument positions is null");
       if (rope->rotary_dim % 2 != 0 || rope->rotary_dim > rope->head_dim) {
         call.refuse("rotary dim " + std::to_string(rope->rotary_dim) + " of a head of " +
                     std::to_string(rope->head_dim));
       }
-      tables = rope_tables(*rope, positions, rows);
+      tables = &call.rope_tables(*rope, positions, rows);
     }
-    std::vector<StoragePtr> made = call.device().layer_op(
-        op, views, params_json, tables.has_value() ? &*tables : nullptr);
+    std::vector<StoragePtr> made = call.device().layer_op(op, views, params_json, tables);
     if (made.size() != n_results) {
       throw Error(CLEF_TT_INTERNAL, std::string(op) + ": the backend returned " +
                                         std::to_string(made.size()) + " results, the caller "

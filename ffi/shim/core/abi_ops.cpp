@@ -180,7 +180,7 @@ int clef_tt_rope(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_rope
       call.refuse("rotary dim " + std::to_string(spec->rotary_dim) + " of a head of " +
                   std::to_string(spec->head_dim));
     }
-    RopeTables tables = rope_tables(*spec, positions, rows);
+    const RopeTables& tables = call.rope_tables(*spec, positions, rows);
     call.result(call.activation_meta(tx.meta.rows, tx.meta.cols, tx.meta.placement),
                 call.device().rope(view(tx), tables, spec->heads, spec->head_dim));
     call.publish({out});

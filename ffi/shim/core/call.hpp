@@ -50,6 +50,11 @@ class Call {
   Call(clef_tt_mesh* mesh, const char* op);
 
   DeviceMesh& device() { return *mesh_->device; }
+  // The rope tables of `positions`, from the mesh's cache when they are the last ones.
+  const RopeTables& rope_tables(const clef_tt_rope_spec& spec, const uint32_t* positions,
+                                uint32_t rows) {
+    return mesh_->rope.get(spec, positions, rows);
+  }
   uint32_t devices() const { return mesh_->devices; }
 
   // A live tensor of this mesh (`name` is the argument's name in messages).

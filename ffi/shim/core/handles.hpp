@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "rope.hpp"
 
 struct clef_tt_mesh {
   std::mutex lock;  // held for every call on the mesh
@@ -24,6 +25,8 @@ struct clef_tt_mesh {
   std::shared_ptr<clef_tt::ParentMesh> parent;
   std::unique_ptr<clef_tt::DeviceMesh> device;
   std::atomic<uint64_t> live{0};
+  // The last rope tables computed for this mesh (guarded by `lock`, as every call).
+  clef_tt::RopeCache rope;
 };
 
 struct clef_tt_tensor {

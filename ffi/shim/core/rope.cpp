@@ -2,6 +2,7 @@
 // computed in f32 as PyTorch (and clef-device's CPU mesh) compute them, so every backend
 // rotates by the same numbers (the ttnn backend uploads them; spec/tenstorrent.md §3).
 #include <cmath>
+#include <cstring>
 
 #include "rope.hpp"
 
@@ -34,6 +35,25 @@ RopeTables rope_tables(const clef_tt_rope_spec& spec, const uint32_t* positions,
     }
   }
   return t;
+}
+
+const RopeTables& RopeCache::get(const clef_tt_rope_spec& spec, const uint32_t* positions,
+                                 uint32_t rows) {
+  size_t n = static_cast<size_t>(rows) * 3;
+  bool same = valid_ && rotary_dim_ == spec.rotary_dim && theta_ == spec.theta &&
+              std::memcmp(sections_, spec.mrope_section, sizeof(sections_)) == 0 &&
+              positions_.size() == n &&
+              (n == 0 || std::memcmp(positions_.data(), positions, n * sizeof(uint32_t)) == 0);
+  if (!same) {
+    tables_ = rope_tables(spec, positions, rows);
+    tables_.generation = ++generation_;
+    rotary_dim_ = spec.rotary_dim;
+    theta_ = spec.theta;
+    std::memcpy(sections_, spec.mrope_section, sizeof(sections_));
+    positions_.assign(positions, positions + n);
+    valid_ = true;
+  }
+  return tables_;
 }
 
 }  // namespace clef_tt

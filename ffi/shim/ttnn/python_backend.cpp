@@ -261,11 +261,7 @@ class PyMesh : public DeviceMesh {
 
   StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
                   uint32_t head_dim) override {
-    return op("rope", [&] {
-      py::tuple t = py::make_tuple(tables.rows, tables.half, float_bytes(tables.cos),
-                                   float_bytes(tables.sin));
-      return mesh_->attr("rope")(arg(x), t, heads, head_dim);
-    });
+    return op("rope", [&] { return mesh_->attr("rope")(arg(x), rope_arg(tables), heads, head_dim); });
   }
 
   StoragePtr append_rows(const TensorView* cache, const TensorView& rows,
@@ -362,11 +358,7 @@ class PyMesh : public DeviceMesh {
         tensors.append(t.has_value() ? py::object(arg(*t)) : py::object(py::none()));
       }
       py::object params = py::module_::import("json").attr("loads")(params_json);
-      py::object tables = py::none();
-      if (rope != nullptr) {
-        tables = py::make_tuple(rope->rows, rope->half, float_bytes(rope->cos),
-                                float_bytes(rope->sin));
-      }
+      py::object tables = rope == nullptr ? py::object(py::none()) : rope_arg(*rope);
       py::list made = mesh_->attr("layer_op")(name, tensors, params, tables);
       std::vector<StoragePtr> out;
       for (py::handle r : made) out.push_back(wrap(py::reinterpret_borrow<py::object>(r)));
@@ -380,6 +372,17 @@ class PyMesh : public DeviceMesh {
 
  private:
   StoragePtr wrap(py::object o) { return std::make_unique<PyStorage>(mesh_, std::move(o)); }
+
+  // Rope tables as Python takes them, (rows, half, cos bytes, sin bytes): the same object for
+  // the same generation of the mesh's rope cache, so the package finds its device tables by
+  // identity instead of hashing the bytes (every attention layer of a chunk passes them).
+  py::object rope_arg(const RopeTables& t) {
+    if (t.generation != 0 && t.generation == rope_generation_ && rope_tuple_) return *rope_tuple_;
+    py::object made = py::make_tuple(t.rows, t.half, float_bytes(t.cos), float_bytes(t.sin));
+    rope_tuple_ = share(made);
+    rope_generation_ = t.generation;
+    return made;
+  }
 
   // One result from `body` (a Python call returning the result's object).
   template <class F>
@@ -401,6 +404,8 @@ class PyMesh : public DeviceMesh {
   }
 
   Shared mesh_;
+  Shared rope_tuple_;
+  uint64_t rope_generation_ = 0;
 };
 
 class PyBackend : public Backend {

@@ -51,6 +51,9 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
             else ttnn.float32
         self.dram_banks = int(ttnn.get_memory_view(device, ttnn.BufferType.DRAM).num_banks)
         self.internal = {}
+        # The last rope tables object the bridge passed and its device tables, per form
+        # (text_ops.rope_tables).
+        self._rope_last = {}
         # The carry-returning conv's global semaphores (delta.py), made on first use.
         self.conv_semaphores = None
         # KV pool tensors kept for reuse (kv_cache.py): two per attention layer of a model
