@@ -323,6 +323,14 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             let device::Device::Tt(shim) = device.resolve()? else {
                 bail!("--shape measures the Tenstorrent device path: pass --device tt");
             };
+            if shim.backend() != "ttnn" {
+                // The host shim would hold the synthetic weights in host memory (~30 GB for
+                // Clef 27B) and has no graph capture.
+                bail!(
+                    "--shape needs the ttnn shim (chips or the mock kit), not the {} shim",
+                    shim.backend()
+                );
+            }
             let tokens = if tokens.is_empty() {
                 vec![128, 512, 1024]
             } else {

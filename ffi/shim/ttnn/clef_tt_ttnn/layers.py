@@ -4,7 +4,7 @@ one ABI call, its tensors kept in the layouts the next ttnn op reads.
 The fine ABI ops (text_ops.py, attention.py, delta.py) hand every result over as a token-major
 [1, 1, T, cols] tile, so each op converts in and out of the layout it needs (heads first for
 attention, rank 3 for the delta rule, padded heads for per-head norms). A layer op runs the same
-computation as src/backbone/mod.rs composes from the fine ops, but inside one call, so:
+computation as src/backbone/ composes from the fine ops, but inside one call, so:
 - attention: `nlp_create_qkv_heads` makes q|gate, k and v heads-first in one op from the fused
   projection (the interleaved q|gate heads are 2H heads of head_dim; a free reshape to
   [H, 2, T, d] and two slices part them); the q/k norms run on the heads (no 32-row padding of
