@@ -255,3 +255,40 @@ pub fn table(rows: &[ChunkRow]) -> String {
     }
     s
 }
+
+/// Fails when the plan and ttnn's graph capture disagree on a chunk, or a chunk takes more
+/// device ops than `max` (CI's budget); says so on stdout when they hold.
+pub fn check(rows: &[ChunkRow], max: Option<u64>) -> anyhow::Result<()> {
+    let disagree: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            r.disagreements
+                .iter()
+                .map(move |d| format!("{} tokens from {}: {d}", r.tokens, r.start))
+        })
+        .collect();
+    if !disagree.is_empty() {
+        anyhow::bail!(
+            "the plan and ttnn's graph capture disagree: {}",
+            disagree.join("; ")
+        );
+    }
+    println!(
+        "\nthe plan prices every device op the graph shows (in total and per data-movement kind)"
+    );
+    if let Some(max) = max {
+        let over: Vec<String> = rows
+            .iter()
+            .filter(|r| r.device_ops > max)
+            .map(|r| format!("{} at {} tokens from {}", r.device_ops, r.tokens, r.start))
+            .collect();
+        if !over.is_empty() {
+            anyhow::bail!(
+                "device ops per chunk over the budget of {max}: {}",
+                over.join(", ")
+            );
+        }
+        println!("\ndevice ops per chunk within the budget of {max}");
+    }
+    Ok(())
+}

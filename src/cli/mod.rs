@@ -357,37 +357,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                         p.name
                     );
                     print!("{}", bench_chunk::table(&rows));
-                    let disagree: Vec<String> = rows
-                        .iter()
-                        .flat_map(|r| {
-                            r.disagreements
-                                .iter()
-                                .map(move |d| format!("{} tokens from {}: {d}", r.tokens, r.start))
-                        })
-                        .collect();
-                    if !disagree.is_empty() {
-                        bail!(
-                            "the plan and ttnn's graph capture disagree: {}",
-                            disagree.join("; ")
-                        );
-                    }
-                    println!("\nthe plan prices every device op the graph shows (in total and per data-movement kind)");
-                    if let Some(max) = max_device_ops {
-                        let over: Vec<String> = rows
-                            .iter()
-                            .filter(|r| r.device_ops > max)
-                            .map(|r| {
-                                format!("{} at {} tokens from {}", r.device_ops, r.tokens, r.start)
-                            })
-                            .collect();
-                        if !over.is_empty() {
-                            bail!(
-                                "device ops per chunk over the budget of {max}: {}",
-                                over.join(", ")
-                            );
-                        }
-                        println!("\ndevice ops per chunk within the budget of {max}");
-                    }
+                    bench_chunk::check(&rows, max_device_ops)?;
                 }
             }
         }
