@@ -341,13 +341,16 @@ pub fn chunk_ops(
         ops.elementwise("residual add", 2.0 * tf * h, tf * h, 1.0);
     }
     ops.elementwise("final rms_norm", tf * h, tf * h, 4.0);
+    // Untilized on the device, so the host reads the bf16 rows as they are and widens them while
+    // copying them out (no tile conversion on the host).
+    ops.moves("final rows: untilize", "untilize", 1, 2.0 * tf * h);
     ops.add_programs(
         "final rows down (device → host)",
         OpKind::Host,
         0,
         None,
         0.0,
-        tf * h * 4.0,
+        tf * h * 2.0,
         0.0,
     );
     ops.0

@@ -440,10 +440,8 @@ impl TtMesh {
                 detail: "device parts of different shapes".into(),
             });
         }
-        let bytes: Vec<Vec<u8>> = parts
-            .iter()
-            .map(|p| p.data.iter().flat_map(|v| v.to_le_bytes()).collect())
-            .collect();
+        let bytes: Vec<std::borrow::Cow<'_, [u8]>> =
+            parts.iter().map(|p| f32_le_bytes(&p.data)).collect();
         let desc = sys::clef_tt_tensor_desc {
             rows: dim("upload", "rows", first.rows)?,
             cols: dim("upload", "cols", first.cols)?,
@@ -452,7 +450,7 @@ impl TtMesh {
             role: sys::CLEF_TT_ACTIVATION,
             placement,
         };
-        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let slices: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
         Ok(TtTensor(Arc::new(self.upload(&desc, &slices)?)))
     }
 
@@ -628,6 +626,23 @@ impl TtMesh {
                 Ok(join(&parts, axis))
             }
         }
+    }
+}
+
+/// f32 values as the ABI's little-endian bytes: borrowed on a little-endian host (no copy of a
+/// chunk's rows: 20 MB at 1,024 tokens of Clef 27B), copied otherwise.
+fn f32_le_bytes(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding and any bytes are valid u8s; u8's alignment is 1; the
+        // length is exactly the values' size, borrowed for the values' lifetime.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
     }
 }
 

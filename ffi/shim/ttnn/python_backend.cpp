@@ -71,19 +71,41 @@ class PyStorage : public Storage {
 
   // The result must be what the core promises (per-device shape, placement, dtype class).
   void bind(const Meta& meta) override {
-    with_python("result check", [&] { mesh_->attr("check")(meta_object(meta), *obj_); });
+    with_python("result check", [&] {
+      py::object pair = arg(meta);
+      mesh_->attr("check")(pair[py::int_(0)], *obj_);
+    });
   }
 
   const py::object& obj() const { return *obj_; }
 
+  // The (Meta, object) pair Python receives for this tensor under `meta` (GIL held). Made once
+  // and kept: a tensor's Meta does not change, and a new Meta per argument per call was ~2 ms
+  // of a Clef 27B chunk's host time (~1,300 arguments).
+  py::object arg(const Meta& meta) const {
+    if (!arg_ || !same(arg_meta_, meta)) {
+      arg_ = share(py::make_tuple(meta_object(meta), *obj_));
+      arg_meta_ = meta;
+    }
+    return *arg_;
+  }
+
  private:
+  static bool same(const Meta& a, const Meta& b) {
+    return a.rows == b.rows && a.cols == b.cols && a.devices == b.devices &&
+           a.dtype == b.dtype && a.layout == b.layout && a.role == b.role &&
+           a.placement == b.placement;
+  }
+
   Shared mesh_;
   Shared obj_;
+  mutable Shared arg_;
+  mutable Meta arg_meta_;
 };
 
 const PyStorage& storage(const TensorView& t) { return static_cast<const PyStorage&>(t.storage); }
 
-py::tuple arg(const TensorView& t) { return py::make_tuple(meta_object(t.meta), storage(t).obj()); }
+py::object arg(const TensorView& t) { return storage(t).arg(t.meta); }
 
 py::object optional_arg(const TensorView* t) {
   return t == nullptr ? py::object(py::none()) : py::object(arg(*t));
@@ -102,6 +124,31 @@ void copy_out(const char* op, const py::object& b, uint8_t* out, uint64_t want) 
                                       std::to_string(want));
   }
   std::memcpy(out, data.data(), want);
+}
+
+// A download's values into `out` (`n` floats) from a C-contiguous buffer of f32 values (4-byte
+// items) or of bf16 bit patterns (2-byte items, widened here in one pass: a bf16 is the top
+// half of the f32 of the same value).
+void copy_floats_out(const char* op, const py::object& b, float* out, uint64_t n) {
+  py::buffer_info info = py::buffer(b).request();
+  bool contiguous = info.ndim == 1 && info.strides[0] == info.itemsize;
+  uint64_t count = static_cast<uint64_t>(info.size);
+  if (!contiguous || count != n || (info.itemsize != 4 && info.itemsize != 2)) {
+    throw Error(CLEF_TT_INTERNAL, std::string(op) + ": clef_tt_ttnn returned " +
+                                      std::to_string(count) + " values of " +
+                                      std::to_string(info.itemsize) +
+                                      " bytes (1-D, contiguous), expected " + std::to_string(n) +
+                                      " f32 or bf16 values");
+  }
+  if (info.itemsize == 4) {
+    std::memcpy(out, info.ptr, n * sizeof(float));
+    return;
+  }
+  const uint16_t* bits = static_cast<const uint16_t*>(info.ptr);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(out + i, &wide, sizeof(float));
+  }
 }
 
 class PyParent : public ParentMesh {
@@ -184,9 +231,9 @@ class PyMesh : public DeviceMesh {
 
   void download(const TensorView& t, uint32_t device, float* out) override {
     with_python("download", [&] {
-      py::object b = mesh_->attr("download")(meta_object(t.meta), storage(t).obj(), device);
-      copy_out("download", b, reinterpret_cast<uint8_t*>(out),
-               static_cast<uint64_t>(t.meta.rows) * t.meta.cols * sizeof(float));
+      py::object b =
+          mesh_->attr("download_values")(meta_object(t.meta), storage(t).obj(), device);
+      copy_floats_out("download", b, out, static_cast<uint64_t>(t.meta.rows) * t.meta.cols);
     });
   }
 
@@ -357,7 +404,8 @@ class PyMesh : public DeviceMesh {
       for (const std::optional<TensorView>& t : inputs) {
         tensors.append(t.has_value() ? py::object(arg(*t)) : py::object(py::none()));
       }
-      py::object params = py::module_::import("json").attr("loads")(params_json);
+      // The JSON text as it is: the package parses each distinct text once.
+      py::str params(params_json);
       py::object tables = rope == nullptr ? py::object(py::none()) : rope_arg(*rope);
       py::list made = mesh_->attr("layer_op")(name, tensors, params, tables);
       std::vector<StoragePtr> out;

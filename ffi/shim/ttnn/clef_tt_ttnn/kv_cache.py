@@ -86,7 +86,7 @@ class KV:
         pool.drop_blocks(self.blocks)
         pool.users -= 1
         if pool.users == 0 and pool.t is not None:
-            if pool.spares is None or not pool.spares.keep(pool):
+            if pool.spares is None or not pool.spares.keep(pool, ttnn):
                 if pool.t.is_allocated():
                     ttnn.deallocate(pool.t, force=False)
             pool.t = None
@@ -109,9 +109,16 @@ class SparePools:
     def __init__(self, limit):
         self.limit, self.tensors = limit, []
 
-    def keep(self, pool):
-        if len(self.tensors) >= self.limit or pool.t is None or not pool.t.is_allocated():
+    def keep(self, pool, ttnn):
+        """Keep `pool`'s tensor. With `limit` kept, the oldest goes (deallocated), so the spares
+        follow the latest sequences: refusing the newest instead left a 1,024-token chunk that
+        came after many shorter ones allocating its pools on every call."""
+        if self.limit <= 0 or pool.t is None or not pool.t.is_allocated():
             return False
+        if len(self.tensors) >= self.limit:
+            oldest = self.tensors.pop(0)[3]
+            if oldest.is_allocated():
+                ttnn.deallocate(oldest, force=False)
         self.tensors.append((pool.heads, pool.dp, pool.cap, pool.t))
         return True
 

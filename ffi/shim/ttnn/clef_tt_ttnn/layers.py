@@ -31,11 +31,21 @@ one delta-rule call. Anything else raises NotImplementedError before any ttnn ca
 caller composes the fine ops instead (the tiny fixture's head_dim 32 / rotary 8, the f32
 profile).
 """
+import functools
+import json
+
 import numpy as np
 
 from .delta import CARRY_FORM, DELTA_CHUNK, DELTA_PIECE, NATIVE_CONV_TAPS
 from .meta import TILE_SIZE, f32, round_up
 from .programs import kernel_config, precise, sublayer
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text):
+    """A layer op's parameters from their JSON text, parsed once per distinct text (a chunk
+    passes the same few texts to its 64 layers). The ops only read them."""
+    return json.loads(text)
 
 
 def _refuse(op, why):
@@ -47,12 +57,14 @@ class LayerOps:
 
     def layer_op(self, name, tensors, params, tables):
         """The ABI's layer entry: `tensors` in the op's order ((meta, obj) pairs, None for an
-        absent one), `params` a dict, `tables` the rope tables (or None). Returns the results."""
-        ops = {"attention": self.attention_layer, "delta_net": self.delta_layer,
-               "mlp": self.mlp_layer}
-        op = ops.get(name)
+        absent one), `params` a dict or its JSON text (as the bridge passes it), `tables` the
+        rope tables (or None). Returns the results."""
+        op = {"attention": self.attention_layer, "delta_net": self.delta_layer,
+              "mlp": self.mlp_layer}.get(name)
         if op is None:
             _refuse(name, "no such layer op")
+        if isinstance(params, str):
+            params = _parsed(params)
         # Intermediates go with their Python objects (ttnn frees a device buffer with its last
         # tensor): a sublayer's peak is its few intermediates (under 100 MB per device for
         # Clef 27B at 1,024 tokens), and a deallocate call per tensor (a third of the ttnn
@@ -79,7 +91,7 @@ class LayerOps:
         """h + the all-reduce of the row-parallel projection's partial sums (or the sums as
         they are, when the plan needs no collective)."""
         total = self.reduced(partial) if reduce else partial
-        out = self.tt.call("add", self.ttnn.add, h[1].t, total, memory_config=self.dram)
+        out = self.binary("add", self.ttnn.add, h[1].t, total)
         self.drop(*[t for t in (partial, total) if t is not out])
         return out
 
@@ -131,8 +143,8 @@ class LayerOps:
                 c[0].release(ttnn)
         o = self.paged_attention(q, keys, values, d, sublayer(ttnn, config))
         self.drop(q)
-        gated = call("multiply", ttnn.multiply, o, gate,
-                     input_tensor_b_activations=[self.unary("SIGMOID")], memory_config=dram)
+        gated = self.binary("multiply", ttnn.multiply, o, gate,
+                            input_tensor_b_activations=[self.unary("SIGMOID")])
         self.drop(o, gate)
         flat = self.heads_last(gated)
         self.drop(gated)
@@ -197,9 +209,8 @@ class LayerOps:
                   fused_activation=self.unary("SOFTPLUS", 1.0, 20.0), dtype=fp32, config=small,
                   compute_kernel_config=exact, memory_config=dram)
         self.drop(ba)
-        g = call("multiply", ttnn.multiply, sp,
-                 self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
-                 memory_config=dram)
+        g = self.binary("multiply", ttnn.multiply, sp,
+                        self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)))
         self.drop(sp)
         gates = [self.reshape(self.pad_end(a, 2, tp), (1, tp, nv)) for a in (g, beta)]
         if state is not None:
@@ -225,9 +236,8 @@ class LayerOps:
         flat = self.rows(self.heads_last(y), 0, t)
         self.drop(y)
         z = self.cols(fused, ch, ch + vd)
-        gated = call("multiply", ttnn.multiply, flat, z,
-                     input_tensor_b_activations=[self.unary("SILU")], dtype=self.act_dtype,
-                     memory_config=dram)
+        gated = self.binary("multiply", ttnn.multiply, flat, z,
+                            input_tensor_b_activations=[self.unary("SILU")], dtype=self.act_dtype)
         self.drop(flat, z, fused)
         out = self.matmul(gated, t, out_proj, config)
         self.drop(gated)
@@ -254,8 +264,8 @@ class LayerOps:
                         compute_kernel_config=ckc, dtype=self.act_dtype,
                         memory_config=self.dram)
         self.drop(x)
-        act = call("multiply", ttnn.multiply, gate, up,
-                   input_tensor_a_activations=[self.unary("SILU")], memory_config=self.dram)
+        act = self.binary("multiply", ttnn.multiply, gate, up,
+                          input_tensor_a_activations=[self.unary("SILU")])
         self.drop(gate, up)
         out = self.matmul(act, t, down, config)
         self.drop(act)

@@ -20,6 +20,7 @@ from .graph import GraphCommands
 from .kv_cache import KV, KvCache, SparePools
 from .layers import LayerOps
 from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta, describe as meta_text
+from .programs import eltwise_cores
 from .tensors import DT, Helpers
 from .text_ops import TextOps
 from .transfers import Transfers, tt_dtype
@@ -47,6 +48,7 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
         self.n = int(device.get_num_devices())
         grid = device.compute_with_storage_grid_size()
         self.grid = (int(grid.x), int(grid.y))
+        self.eltwise_cores = eltwise_cores(ttnn, self.grid)
         self.act_dtype = ttnn.bfloat16 if int(config.get("activation_dtype", BF16)) == BF16 \
             else ttnn.float32
         self.dram_banks = int(ttnn.get_memory_view(device, ttnn.BufferType.DRAM).num_banks)

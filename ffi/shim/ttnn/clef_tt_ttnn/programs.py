@@ -15,7 +15,15 @@
   at least HiFi2 in the layer ops (`sublayer`: the port runs SDPA and its norms at HiFi2,
   "HiFi4 was slower"; `selected` and `stage1` are HiFi2 profiles, `bf16` HiFi4, `f32` exact).
 - Norms: as attention.
+- Elementwise binary ops of the layer ops (residual adds, gate products): the first
+  ELTWISE_GRID cores (`eltwise_cores`), not the whole grid. ttnn's binary op writes runtime
+  arguments for every core it runs on at each call, ~0.2 us of host time per core on the mock
+  (29 us on the 11x10 grid, 13 us on 8x4), and the layer ops make ~300 of them per chunk. On
+  the device these ops are DRAM-bound: a 1,024-token residual add moves 31 MB per device (61 us
+  at Blackhole's 512 GB/s), 1 MB per core on 32 cores (16 GB/s per core, a fifth of a core's
+  NoC bandwidth), so 32 cores keep them at DRAM speed. To be confirmed on chips.
 """
+import functools
 import math
 
 from .meta import EXACT, LOFI, HIFI2, HIFI3, TILE_SIZE
@@ -26,6 +34,8 @@ def math_fidelity(ttnn, fidelity):
             HIFI3: ttnn.MathFidelity.HiFi3}.get(fidelity, ttnn.MathFidelity.HiFi4)
 
 
+# The configs are pure functions of their arguments, asked for on every op call: made once.
+@functools.lru_cache(maxsize=None)
 def kernel_config(ttnn, fidelity, fp32_dest_acc, packer_l1_acc):
     return ttnn.WormholeComputeKernelConfig(
         math_fidelity=math_fidelity(ttnn, fidelity), math_approx_mode=False,
@@ -97,6 +107,7 @@ def matmul_blocks(m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
     """The port's 2-D prefill program config for [m, k] x [k, n]; None (ttnn's own choice) for
     single-tile m, or when no in0_block_w keeps its circular buffers within MATMUL_CB_BUDGET
@@ -117,6 +128,17 @@ def lowbit(n):
     return n & -n
 
 
+# Columns x rows of the cores the layer ops' elementwise binary ops run on (module docstring).
+ELTWISE_GRID = (8, 4)
+
+
+def eltwise_cores(ttnn, grid):
+    """The CoreRangeSet of the first ELTWISE_GRID cores of a compute grid (cols, rows)."""
+    cols, rows = min(ELTWISE_GRID[0], int(grid[0])), min(ELTWISE_GRID[1], int(grid[1]))
+    return ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0),
+                                             ttnn.CoreCoord(cols - 1, rows - 1))})
+
+
 def sdpa_chunks(q_len, start):
     """(q_chunk, k_chunk) of the port's chunked prefill SDPA for `q_len` queries at 32-aligned
     `start`: 128 for q_len >= 2048 else 64, capped by start's alignment; 64-row q chunks for a
@@ -127,6 +149,7 @@ def sdpa_chunks(q_len, start):
     return q_chunk, qk
 
 
+@functools.lru_cache(maxsize=None)
 def sdpa_program(ttnn, grid, q_chunk, k_chunk):
     return ttnn.SDPAProgramConfig(compute_with_storage_grid_size=(int(grid[0]), int(grid[1])),
                                   q_chunk_size=q_chunk, k_chunk_size=k_chunk,

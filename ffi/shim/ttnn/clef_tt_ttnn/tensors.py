@@ -46,11 +46,11 @@ class Helpers:
     # -- shapes ---------------------------------------------------------------------------------
     @staticmethod
     def shape(t):
-        return tuple(int(d) for d in t.shape)
+        return tuple(t.shape)
 
     def reshape(self, t, shape):
         shape = tuple(int(d) for d in shape)
-        if self.shape(t) == shape:
+        if t.shape == shape:
             return t
         return self.tt.call("reshape", self.ttnn.reshape, t, shape)
 
@@ -60,7 +60,7 @@ class Helpers:
         if tuple(begin) == (0,) * len(s) and tuple(end) == s:
             return t
         return self.tt.call("slice", self.ttnn.slice, t, list(begin), list(end),
-                            memory_config=self.dram)
+                            memory_config=self.dram, sub_core_grids=self.eltwise_cores)
 
     def cols(self, t, c0, c1):
         """Last-dim columns [c0, c1) of a 4-D tensor."""
@@ -101,6 +101,12 @@ class Helpers:
             return t
         return self.tt.call("to_layout", self.ttnn.to_layout, t, self.ttnn.TILE_LAYOUT,
                             memory_config=self.dram)
+
+    def binary(self, name, fn, a, b, **kwargs):
+        """An elementwise binary op of the layer ops (`fn` ttnn.add, ttnn.multiply, ...) on the
+        mesh's elementwise cores (programs.eltwise_cores), in DRAM."""
+        return self.tt.call(name, fn, a, b, memory_config=self.dram,
+                            sub_core_grids=self.eltwise_cores, **kwargs)
 
     def unary(self, name, *params):
         """A fused activation (`activations=` / `input_tensor_*_activations=` of binary ops)."""

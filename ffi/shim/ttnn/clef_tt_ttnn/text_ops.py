@@ -42,6 +42,8 @@ def ccl_options(ttnn):
 class TextOps:
     """Dense text ops (mesh mixin)."""
 
+    _ccl = None
+
     def linear(self, x, w, config):
         (mx, xo), mw = x, w[0]
         if mx.cols != mw.rows:
@@ -69,6 +71,13 @@ class TextOps:
         self.drop(cast)
         return y
 
+    def ccl_options(self):
+        """`ccl_options` as the environment says at the mesh's first collective (read once:
+        environment look-ups on every call were ~1% of a chunk's host time)."""
+        if self._ccl is None:
+            self._ccl = ccl_options(self.ttnn)
+        return self._ccl
+
     def all_reduce(self, x):
         return self.wrap(self.reduced(x[1].t))
 
@@ -78,7 +87,7 @@ class TextOps:
         if self.n == 1:
             total = self.tt.call("clone", ttnn.clone, t, memory_config=self.dram)
         else:
-            ccl = ccl_options(ttnn)
+            ccl = self.ccl_options()
             scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, t, 3,
                                      cluster_axis=1, memory_config=self.dram, **ccl)
             # all_gather takes no topology or links in 0.81 (deprecated and ignored, with a

@@ -37,7 +37,7 @@ from clef_tt_ttnn.meta import (ACTIVATION, MATRIX, VECTOR, REPLICATED, SHARDED, 
                                PARTIAL, F32, BF16, BFP8_B, BFP4_B, TILE, ROW_MAJOR, HIFI2,
                                EXACT, LOFI, GELU_TANH, GELU_ERF, stored_bytes)
 from clef_tt_ttnn.transfers import host_matrix, host_bytes, tt_dtype  # noqa: E402
-from clef_tt_ttnn.kv_cache import KV  # noqa: E402
+from clef_tt_ttnn.kv_cache import KV, SparePools  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -507,7 +507,42 @@ def descriptors_dir(args):
     raise SystemExit("no mock cluster descriptors found: pass --descriptors DIR")
 
 
+def spare_pools_follow_the_latest():
+    """SparePools keeps the newest `limit` pool tensors: a longer sequence after shorter ones
+    fills the spares reuses its own pools from its next chunk on (fake pools and a fake ttnn:
+    the policy alone)."""
+    class Tensor:
+        def __init__(self):
+            self.alive = True
+
+        def is_allocated(self):
+            return self.alive
+
+    class FakeTtnn:
+        @staticmethod
+        def deallocate(t, force=False):
+            t.alive = False
+
+    class Pool:
+        def __init__(self, cap):
+            self.heads, self.dp, self.cap, self.t = 2, 256, cap, Tensor()
+
+    spares = SparePools(2)
+    small = [Pool(2), Pool(3)]
+    for p in small:
+        check(spares.keep(p, FakeTtnn), "a spare is kept below the limit")
+    check(spares.take(2, 256, 4) is None, "no shorter sequence's pool fits a longer one")
+    big = Pool(4)
+    check(spares.keep(big, FakeTtnn), "at the limit the newest is kept")
+    check(not small[0].t.alive and small[1].t.alive, "and the oldest is deallocated")
+    check(spares.take(2, 256, 4) == (4, big.t), "the longer sequence's pool is reused")
+    check(spares.take(2, 256, 1) == (3, small[1].t), "the smallest that fits is taken")
+    check(spares.take(2, 128, 1) is None, "pools of another head shape never mix")
+    check(not SparePools(0).keep(Pool(1), FakeTtnn), "a limit of 0 keeps nothing")
+
+
 def main(args):
+    spare_pools_follow_the_latest()
     if "--cols" in args:
         cols = int(args[args.index("--cols") + 1])
         act = F32 if "--act" in args and args[args.index("--act") + 1] == "f32" else BF16

@@ -49,7 +49,7 @@ import torch
 # Arguments that only steer the device (configs, placement, the delta rule's constant tiles).
 DEVICE_ONLY = frozenset(("memory_config", "mem_config", "compute_kernel_config", "program_config",
                          "device", "layout", "topology", "queue_id", "eye", "tril", "ones",
-                         "masks", "is_decode_mode", "num_links"))
+                         "masks", "is_decode_mode", "num_links", "sub_core_grids"))
 
 # Ops whose golden returns the device result's values in another (same-size) shape.
 RESHAPED_OUTPUTS = frozenset(("transformer.chunk_gated_delta_rule",))
