@@ -201,6 +201,21 @@ fn the_api_key_and_model_names_are_enforced() {
     for m in v["models"].as_array().unwrap() {
         assert!(m["description"].is_string() && m["release_date"].is_string());
     }
+    // OpenAI's list shape beside the cards, one entry per name (what Tenstorrent's `tt` CLI
+    // discovers a server by): created is the release date's midnight UTC.
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, names);
+    let released = v["models"][0]["release_date"].as_str().unwrap();
+    for m in data {
+        assert_eq!(m["object"], "model");
+        assert_eq!(m["owned_by"], "cloudflare");
+        assert_eq!(
+            m["created"].as_u64(),
+            clef_tt::api::contract::unix_midnight(released)
+        );
+    }
     let (status, text) = get(&base, "/metrics");
     assert_eq!(status, 200);
     assert!(

@@ -6,7 +6,10 @@
 //! answers (200, 422 for over-long prompts, 500 with a message if the worker fails). A body a
 //! route refuses unread is drained before the answer (`drain.rs`).
 
-use super::contract::{HealthBody, HealthStatus, ModelCard, ModelList};
+use super::contract::{
+    unix_midnight, HealthBody, HealthStatus, ListObject, ModelCard, ModelList, ModelObject,
+    OpenAiModel,
+};
 use super::intake::{check_key, read_json};
 use super::openapi;
 use super::state::{error_response, json_response, run, Decided};
@@ -21,6 +24,9 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The publisher of the Clef models, as `/v1/models` reports it (`owned_by`).
+const MODEL_OWNER: &str = "cloudflare";
 
 /// The router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -127,7 +133,18 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     for field in ["name", "description", "release_date"] {
         details.shift_remove(field);
     }
+    let created = unix_midnight(&release_date).unwrap_or(0);
     let list = ModelList {
+        object: ListObject::List,
+        data: names
+            .iter()
+            .map(|name| OpenAiModel {
+                id: name.clone(),
+                object: ModelObject::Model,
+                created,
+                owned_by: MODEL_OWNER.into(),
+            })
+            .collect(),
         models: names
             .into_iter()
             .map(|name| ModelCard {

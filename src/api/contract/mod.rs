@@ -84,10 +84,80 @@ pub enum HealthStatus {
     Starting,
 }
 
-/// `/v1/models`: the served model under each name it answers to.
+/// `/v1/models`: the served model under each name it answers to, twice: the port's cards
+/// (`models`) and OpenAI's list shape (`object`, `data`), which OpenAI clients and Tenstorrent's
+/// `tt` CLI read to find what a server serves (`tt`'s discovery takes every `data` entry's `id`).
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ModelList {
+    pub object: ListObject,
+    pub data: Vec<OpenAiModel>,
     pub models: Vec<ModelCard>,
+}
+
+/// OpenAI's list marker: always `"list"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ListObject {
+    #[serde(rename = "list")]
+    List,
+}
+
+/// OpenAI's model marker: always `"model"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ModelObject {
+    #[serde(rename = "model")]
+    Model,
+}
+
+/// A served name in OpenAI's model shape.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct OpenAiModel {
+    /// The name to put in a request's `model` (as the card's `name`).
+    pub id: String,
+    pub object: ModelObject,
+    /// The model's release date as Unix seconds (midnight UTC).
+    pub created: u64,
+    /// The model's publisher.
+    pub owned_by: String,
+}
+
+/// Unix seconds at midnight UTC of a `YYYY-MM-DD` date (proleptic Gregorian), or None for
+/// anything else or a date before 1970.
+pub fn unix_midnight(date: &str) -> Option<u64> {
+    let mut parts = date.splitn(3, '-');
+    let mut field = |len: usize| {
+        parts
+            .next()
+            .filter(|p| p.len() == len && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<i64>().ok())
+    };
+    let (y, m, d) = (field(4)?, field(2)?, field(2)?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days_in_month = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&m) || d < 1 || d > days_in_month[(m - 1) as usize] {
+        return None;
+    }
+    // Days from 1970-01-01 (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400).ok()
 }
 
 /// A served model: the SDKs' three fields, then clef-tt's details (weights, device, mesh,
@@ -124,4 +194,33 @@ pub struct WorkersAiError {
     /// this account; 10000 authentication; 3040 busy; 5000 server error.
     pub code: u32,
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unix_midnight;
+
+    #[test]
+    fn unix_midnight_agrees_with_the_calendar() {
+        // Values from Python's datetime (UTC midnight).
+        for (date, secs) in [
+            ("1970-01-01", 0),
+            ("1999-12-31", 946_598_400),
+            ("2000-03-01", 951_868_800),
+            ("2024-02-29", 1_709_164_800),
+            ("2026-11-29", 1_795_910_400),
+        ] {
+            assert_eq!(unix_midnight(date), Some(secs), "{date}");
+        }
+        for bad in [
+            "2026-02-29",
+            "2026-13-01",
+            "2026-1-01",
+            "1969-12-31",
+            "2026-11-29x",
+            "",
+        ] {
+            assert_eq!(unix_midnight(bad), None, "{bad}");
+        }
+    }
 }
