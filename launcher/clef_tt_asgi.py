@@ -24,13 +24,15 @@ libpython; the image's Python lives outside the linker's paths). Each only when 
 already. Everything else (HF_MODEL, TT_CACHE_PATH, MESH_DEVICE, the profile's CLEF_* settings)
 passes through as tt-model set it.
 
-Standard library only; importing it starts nothing (tt-model's build-time verify imports it).
+Standard library only; importing it starts nothing (tt-model's build-time verify imports it,
+and runs `check_shim()`: the shim, its embedded CPython and ttnn load without chips).
 """
 
 import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import sysconfig
 
@@ -125,6 +127,26 @@ def clef_tt_env(host, port, environ=None, python=None):
         if libdir not in paths:
             env["LD_LIBRARY_PATH"] = ":".join(paths + [libdir])
     return env
+
+
+def check_shim():
+    """The image-build check of the device path (a `verify` line): `clef-tt devices --device tt
+    --check` in the environment serve gets. It loads the wheel's ttnn shim, starts the CPython
+    it embeds on this interpreter (refusing another version), imports ttnn and the op package
+    and checks ttnn's version; no chip is touched. Returns clef-tt's report; raises LaunchError
+    with clef-tt's reason otherwise."""
+    env = dict(clef_tt_env("127.0.0.1", 0), RUST_BACKTRACE="0")
+    try:
+        r = subprocess.run([clef_tt_binary(), "devices", "--device", "tt", "--check"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LaunchError(f"clef-tt devices --check did not run: {e}") from e
+    if r.returncode != 0:
+        text = r.stderr.split("Stack backtrace:")[0]
+        reason = " ".join(l.strip() for l in text.splitlines() if l.strip())
+        raise LaunchError("the ttnn shim does not load in this environment: "
+                          + (reason or f"exit {r.returncode}"))
+    return r.stdout
 
 
 def hand_over(config):

@@ -8,7 +8,8 @@
 # usage: packaging/build-wheel.sh [--profile release|dev] [--out DIR] [--require-ttnn]
 #   --profile       cargo profile to package (default release; CI packages its dev build)
 #   --out           where the wheel goes (default target/wheels)
-#   --require-ttnn  fail when the build made no ttnn shim (for a wheel that serves --device tt)
+#   --require-ttnn  fail when the build made no ttnn shim, or one embedding another CPython than
+#                   tt-model.yaml's image runs (for the wheel that serves --device tt there)
 # maturin: $MATURIN, else `maturin` on PATH (pip install "maturin>=1.9,<2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,10 +44,23 @@ stage=target/wheel-data
 rm -rf "$stage"
 mkdir -p "$stage"
 if [ -n "$shim" ] && [ -f "$shim" ] && [ -f "$(dirname "$shim")/clef_tt_ttnn/__init__.py" ]; then
-  mkdir -p "$stage/platlib/clef_tt_shim/clef_tt_ttnn"
+  # The CPython the shim embeds (its libpython, read from the ELF's dynamic section). A wheel
+  # for tt-model's image (--require-ttnn) must embed the Python the image runs (tt-model.yaml's
+  # source.python): the embedded interpreter refuses any other, but only at the first device
+  # start, hours after the image built.
+  embeds="$(readelf -d "$shim" | sed -n 's/.*Shared library: \[libpython\([0-9]*\.[0-9]*\)\.so.*/\1/p' | head -n 1)"
+  image_python="$(sed -n 's/^  python: "\([0-9.]*\)".*/\1/p' tt-model.yaml)"
+  if [ "$require_ttnn" = 1 ] && [ "$embeds" != "$image_python" ]; then
+    echo "the ttnn shim embeds CPython ${embeds:-?} but tt-model.yaml's image runs CPython $image_python:" \
+      "rebuild with CLEF_TT_PYTHON naming a CPython $image_python with pybind11" >&2
+    exit 1
+  fi
+  mkdir -p "$stage/platlib/clef_tt_shim"
   cp "$shim" "$stage/platlib/clef_tt_shim/"
-  cp "$(dirname "$shim")"/clef_tt_ttnn/*.py "$stage/platlib/clef_tt_shim/clef_tt_ttnn/"
-  echo "ttnn shim: included ($shim)"
+  # The whole op package, its subpackages too (golden/ is imported at start).
+  cp -r "$(dirname "$shim")/clef_tt_ttnn" "$stage/platlib/clef_tt_shim/"
+  find "$stage/platlib/clef_tt_shim" -name __pycache__ -prune -exec rm -rf {} +
+  echo "ttnn shim: included ($shim, embeds CPython ${embeds:-?})"
 else
   echo "ttnn shim: NOT included (this $profile build made none; build with CLEF_TT_PYTHON naming a CPython 3.12/3.10 with pybind11, see ffi/BRINGUP.md)"
   [ "$require_ttnn" = 1 ] && exit 1

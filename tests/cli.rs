@@ -453,3 +453,57 @@ fn a_settings_file_fills_what_flags_and_environment_leave_unset() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("CLEF_TURBO is not a setting"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The package pins the weights it was published with: tt-model leaves an existing `refs/main`
+/// alone, so the serve environment names the revision (`CLEF_REVISION`, the manifest's
+/// `weights.revision`), and `/v1/models` reports the commit actually opened. Served from a
+/// Hugging Face cache whose `refs/main` points at another snapshot.
+#[test]
+fn the_package_serves_its_pinned_weights_whatever_refs_main_names() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tt_kernel_manifest.json"),
+    )
+    .unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let published = manifest["weights"]["revision"].as_str().unwrap();
+    let pinned = manifest["container"]["serve"]["env"]["CLEF_REVISION"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        pinned, published,
+        "the serve env pins the published weights"
+    );
+    let repo_id = manifest["weights"]["repo"].as_str().unwrap();
+    let (org, name) = repo_id.split_once('/').unwrap();
+
+    let home = std::env::temp_dir().join(format!("clef-tt-pin-{}", std::process::id()));
+    let repo = home.join(format!("hub/models--{org}--{name}"));
+    let other = "1111111111111111111111111111111111111111";
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots")).unwrap();
+    let fixture = common::fixtures().join("tiny-clef");
+    for commit in [published, other] {
+        std::os::unix::fs::symlink(&fixture, repo.join("snapshots").join(commit)).unwrap();
+    }
+    std::fs::write(repo.join("refs/main"), other).unwrap();
+    let home_str = home.to_str().unwrap();
+    let weights = |env: &[(&str, &str)]| {
+        let mut all = vec![("HF_HOME", home_str), ("HF_MODEL", repo_id)];
+        all.extend_from_slice(env);
+        let (server, base, agent) = spawn_server(&["--warmup", "0"], &all);
+        let mut r = agent.get(&format!("{base}/v1/models")).call().unwrap();
+        let card: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        drop(server);
+        card["models"][0]["weights"].clone()
+    };
+    let served = weights(&[("CLEF_REVISION", pinned)]);
+    assert_eq!(served["revision"], published, "{served}");
+    assert_eq!(served["requested_revision"], published);
+    assert!(served["path"].as_str().unwrap().ends_with(published));
+    // Without the pin, refs/main's snapshot is what opens.
+    let unpinned = weights(&[]);
+    assert_eq!(unpinned["revision"], other, "{unpinned}");
+    assert!(unpinned["requested_revision"].is_null());
+    let _ = std::fs::remove_dir_all(&home);
+}

@@ -17,7 +17,10 @@
 //! 6. a replica killed with SIGKILL under load (clients sending no header) loses no request
 //!    (every answer 200 or 429 and equal to its solo answer), its states move and the others'
 //!    stay;
-//! 7. a restarted replica is back in rotation after its warm-up and gets nothing before it.
+//! 7. a restarted replica is back in rotation after its warm-up and gets nothing before it;
+//! 8. a replica whose device stops answering under load (the shim's `CLEF_TT_HANG` fault)
+//!    loses no request: it answers 503 after its device deadline, HAProxy replays those
+//!    requests elsewhere, and it exits with status 75 after its drain window.
 //!
 //! Needs `haproxy` on the PATH (`.ci/run` installs Debian's and sets CLEF_REQUIRE_HAPROXY=1)
 //! and, for step 3, a Python with `typesafe-sdk` 0.7 (`CLEF_SDK_PYTHON`, else `python3`);
@@ -25,7 +28,7 @@
 
 mod common;
 
-use common::process::{clef_tt, free_port, Server};
+use common::process::{clef_tt, free_port, wait_exit, Server};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -92,6 +95,11 @@ fn agent() -> ureq::Agent {
 /// A replica from the P150x2 serve profile on the host shim (named, so that a ttnn shim built
 /// beside the binary is not picked), its log in `log`.
 fn start_replica(port: u16, log: &Path) -> Server {
+    start_replica_with(port, log, &[])
+}
+
+/// [`start_replica`] with more environment.
+fn start_replica_with(port: u16, log: &Path, env: &[(&str, &str)]) -> Server {
     let file = std::fs::File::create(log).unwrap();
     let host_shim = Path::new(env!("CARGO_BIN_EXE_clef-tt")).with_file_name("libclef_tt_host.so");
     let child = clef_tt()
@@ -100,6 +108,7 @@ fn start_replica(port: u16, log: &Path) -> Server {
         .args(["--port", &port.to_string()])
         .env("CLEF_TT_SHIM", host_shim)
         .env("CLEF_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(file)
         .spawn()
@@ -231,6 +240,8 @@ struct Cluster {
     ports: Vec<u16>,
     replicas: Vec<Option<Server>>,
     url: String,
+    /// HAProxy's stats port (Prometheus at /metrics).
+    stats: u16,
     _proxy: Proxy,
 }
 
@@ -262,11 +273,24 @@ impl Cluster {
             proxy.env(format!("CLEF_REPLICA_{}", i + 1), format!("127.0.0.1:{p}"));
         }
         let proxy = Proxy(proxy.spawn().unwrap());
-        // Every replica up in HAProxy's eyes (rise 2 x 300 ms).
+        let cluster = Cluster {
+            dir,
+            ports,
+            replicas,
+            url: format!("http://127.0.0.1:{front}"),
+            stats,
+            _proxy: proxy,
+        };
+        cluster.wait_up(3);
+        cluster
+    }
+
+    /// Until HAProxy sees `n` replicas up (rise 2 x 300 ms).
+    fn wait_up(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = agent()
-                .get(&format!("http://127.0.0.1:{stats}/metrics"))
+                .get(&format!("http://127.0.0.1:{}/metrics", self.stats))
                 .call()
                 .ok()
                 .and_then(|mut r| r.body_mut().read_to_string().ok())
@@ -276,21 +300,14 @@ impl Cluster {
                 .filter(|l| l.starts_with("haproxy_server_status{") && l.contains("state=\"UP\""))
                 .filter(|l| l.ends_with(" 1"))
                 .count();
-            if up == 3 {
-                break;
+            if up == n {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
-                "HAProxy did not see 3 replicas up"
+                "HAProxy did not see {n} replicas up"
             );
             std::thread::sleep(Duration::from_millis(100));
-        }
-        Cluster {
-            dir,
-            ports,
-            replicas,
-            url: format!("http://127.0.0.1:{front}"),
-            _proxy: proxy,
         }
     }
 
@@ -582,6 +599,90 @@ fn replicas_behind_haproxy_keep_states_on_their_prefix_caches_and_survive_a_kill
         "a request reached the replica before its warm-up finished"
     );
     eprintln!("restart {victim}: back in rotation after its warm-up, its states home again");
+
+    // 8. The replica holding the most keyed states again, restarted with a device that stops
+    // answering (the shim's fault CLEF_TT_HANG: the 3rd linear of its first request never
+    // returns), under load from 4 clients that send no header. After its 1 s device deadline
+    // it answers its requests 503, HAProxy replays them elsewhere (retry-on 503), /health takes
+    // it out, and it exits with status 75 after its 2 s drain. No request is lost.
+    let hung = ["r1", "r2", "r3"]
+        .into_iter()
+        .max_by_key(|r| home.values().filter(|h| h.as_str() == *r).count())
+        .unwrap()
+        .to_string();
+    let hung_index: usize = hung[1..].parse::<usize>().unwrap() - 1;
+    drop(cluster.replicas[hung_index].take());
+    let log = cluster.dir.join(format!("{hung}-hang.log"));
+    let fault = [
+        ("CLEF_TT_HANG", "linear:3"),
+        ("CLEF_DEVICE_TIMEOUT", "1"),
+        ("CLEF_SHUTDOWN_TIMEOUT", "2"),
+        ("CLEF_WARMUP", "0"),
+    ];
+    let mut replica = start_replica_with(cluster.ports[hung_index], &log, &fault);
+    wait_healthy(&format!("http://127.0.0.1:{}", cluster.ports[hung_index]));
+    cluster.wait_up(3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let replies = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, replies, keyed, url) =
+                (stop.clone(), replies.clone(), keyed.clone(), url.clone());
+            std::thread::spawn(move || {
+                let mut i = c;
+                while !stop.load(Ordering::SeqCst) {
+                    let s = &keyed[i % keyed.len()];
+                    let r = send(&url, &body(s), &[]);
+                    replies
+                        .lock()
+                        .unwrap()
+                        .push((s.clone(), r.map_err(|e| e.to_string())));
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let status = wait_exit(&mut replica, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(
+        status.code(),
+        Some(75),
+        "{}",
+        cluster.log(&format!("{hung}-hang"))
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("device deadline missed"), "{text}");
+    let replies = std::mem::take(&mut *replies.lock().unwrap());
+    let mut ok = 0;
+    for (s, r) in &replies {
+        let r = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("a request was lost to the hung replica: {e}"));
+        match r.status {
+            200 => {
+                ok += 1;
+                assert_eq!(r.answer, solo[&body(s)], "an answer changed under the hang");
+                assert_ne!(r.replica, hung, "the hung replica answered");
+            }
+            429 => {}
+            other => panic!(
+                "status {other} under the hang from {:?}: {}\n{}",
+                r.replica,
+                r.answer,
+                cluster.log("haproxy")
+            ),
+        }
+    }
+    eprintln!(
+        "device hang on {hung} under load: {} requests, {ok} x 200, none lost; it exited with \
+         status 75",
+        replies.len()
+    );
+    assert!(ok > 0);
     let dir = cluster.dir.clone();
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);

@@ -324,3 +324,19 @@ fn a_tt_tensor_cache_is_served_by_the_tt_device_and_refused_by_the_cpu() {
     assert!(err.contains("built for backend tt, asked for cpu"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The device deadline on the host shim: the shim core's fault `CLEF_TT_HANG` stops the 3rd
+/// linear of the first request for good (`tests/common/hang.rs`).
+#[test]
+fn a_hung_device_is_answered_503_reported_on_health_and_ends_the_process() {
+    let host = Path::new(env!("CARGO_BIN_EXE_clef-tt")).with_file_name("libclef_tt_host.so");
+    let log = std::env::temp_dir().join(format!("clef-tt-hang-host-{}.log", std::process::id()));
+    common::hang::a_hung_device_is_refused_reported_and_exited(
+        &["--device", "tt", "--tt-shim", host.to_str().unwrap()],
+        &[],
+        "linear:3",
+        &golden_bodies()[0],
+        &log,
+    );
+    let _ = std::fs::remove_file(&log);
+}

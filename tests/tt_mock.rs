@@ -98,6 +98,95 @@ fn devices_opens_the_mock_p150_and_p150x2_as_the_port_does() {
     }
 }
 
+/// `decide --device tt` prints only its JSON lines on stdout, one per request: tt-metal's log
+/// goes to a file in clef-tt's state directory (its path on stderr) and tt-metal's generated
+/// files there too, so the working directory is left as it was. `devices` likewise prints
+/// only its report.
+#[test]
+fn tt_commands_print_only_their_output_and_leave_the_working_directory_alone() {
+    let Some(shim) = kit() else { return };
+    let scratch = log_path("clean-stdout");
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (cwd, state) = (scratch.join("cwd"), scratch.join("state"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let requests = goldens("tiny-clef/goldens")
+        .into_iter()
+        .take(3)
+        .map(|(_, body)| body)
+        .collect::<Vec<_>>();
+    let file = scratch.join("requests.jsonl");
+    std::fs::write(&file, requests.join("\n")).unwrap();
+    let run = |args: &[&str]| {
+        let out = clef_tt()
+            .args(args)
+            .args(["--device", "tt", "--tt-shim", shim])
+            .current_dir(&cwd)
+            .env(
+                "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+                descriptor("blackhole_2xP150.yaml"),
+            )
+            .env("XDG_STATE_HOME", &state)
+            .env_remove("TT_LOGGER_FILE")
+            .env_remove("TT_METAL_LOGS_PATH")
+            .output()
+            .unwrap();
+        assert_succeeded(&out);
+        out
+    };
+    let out = run(&["decide", file.to_str().unwrap(), "--mesh", "1x2"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), requests.len(), "{stdout}");
+    for line in lines {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v.is_object(), "{line}");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("tt-metal's log: "))
+        .unwrap_or_else(|| panic!("no log path on stderr:\n{stderr}"));
+    assert!(
+        Path::new(log).starts_with(state.join("clef-tt/tt-metal")),
+        "{log}"
+    );
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains("mock cluster"),
+        "tt-metal's log has its lines:\n{text}"
+    );
+    assert!(state.join("clef-tt/generated").is_dir());
+    let report = run(&["devices"]);
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.starts_with("device: tt\n") && !text.contains(" | info "),
+        "{text}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().collect();
+    assert!(left.is_empty(), "the working directory got {left:?}");
+}
+
+/// The device deadline on the mock P150x2: the shim core's fault `CLEF_TT_HANG` stops the 3rd
+/// linear of the first request for good (`tests/common/hang.rs`).
+#[test]
+fn a_hung_device_on_the_mock_p150x2_is_answered_503_and_ends_the_process() {
+    let Some(shim) = kit() else { return };
+    let log = log_path("serve-hang.log");
+    let p150x2 = descriptor("blackhole_2xP150.yaml");
+    let tt_log = tt_metal_log(&log).display().to_string();
+    let body = goldens("tiny-clef/goldens").remove(0).1;
+    common::hang::a_hung_device_is_refused_reported_and_exited(
+        &["--device", "tt", "--tt-shim", shim, "--mesh", "1x2"],
+        &[
+            ("TT_METAL_MOCK_CLUSTER_DESC_PATH", p150x2.as_str()),
+            ("TT_LOGGER_FILE", tt_log.as_str()),
+        ],
+        "linear:3",
+        &body,
+        &log,
+    );
+}
+
 /// Every golden request of a fixture: (id, body).
 fn goldens(dir: &str) -> Vec<(String, String)> {
     std::fs::read_to_string(common::fixtures().join(dir).join("requests.jsonl"))

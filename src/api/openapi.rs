@@ -65,7 +65,11 @@ pub fn document(settings: &ServerSettings) -> Value {
             500,
             "The worker failed on this request (the server goes on).",
         ),
-        (503, "The server is shutting down."),
+        (
+            503,
+            "The server is shutting down, or its device stopped answering (`type` \
+             `device_unavailable`): retry after `Retry-After` seconds, on another replica.",
+        ),
     ];
     if guarded {
         decide_errors.push((401, "Missing or wrong `Authorization: Bearer <key>`."));
@@ -137,12 +141,14 @@ pub fn document(settings: &ServerSettings) -> Value {
     let health_op = |id: &str| {
         json!({"get": {
             "operationId": id,
-            "summary": "Readiness: 200 once every worker is warm, 503 before (out of rotation).",
+            "summary": "Readiness: 200 once every worker is warm, 503 before (out of rotation), and \
+                        503 for good once a device stopped answering (`status` `device_hung`, \
+                        `reason`; the process exits after its drain window).",
             "security": [],
             "responses": {
                 "200": {"description": "Ready.", "headers": {REQUEST_ID_HEADER: request_id_header()},
                         "content": {"application/json": {"schema": health}}},
-                "503": {"description": "Warming up.", "headers": {REQUEST_ID_HEADER: request_id_header()},
+                "503": {"description": "Warming up, or a device stopped answering.", "headers": {REQUEST_ID_HEADER: request_id_header()},
                         "content": {"application/json": {"schema": health}}},
             },
         }})
@@ -311,7 +317,10 @@ fn workers_ai_paths(
             "5012: a hosted rule (count, id, instructions, unknown field, image).",
         ),
         ("500", "5000: the worker failed."),
-        ("503", "3040: shutting down."),
+        (
+            "503",
+            "3040: shutting down, or the device stopped answering.",
+        ),
     ] {
         responses.insert(status.into(), refusal(text));
     }

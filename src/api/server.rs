@@ -163,16 +163,18 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 
 async fn health(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let snap = state.snapshot();
-    let ready = state.engine.is_ready();
+    let hung = state.engine.deadline.hung();
+    let ready = state.engine.is_ready() && hung.is_none();
     let body = HealthBody {
-        status: if ready {
-            HealthStatus::Ok
-        } else {
-            HealthStatus::Starting
+        status: match (hung, ready) {
+            (Some(_), _) => HealthStatus::DeviceHung,
+            (None, true) => HealthStatus::Ok,
+            (None, false) => HealthStatus::Starting,
         },
         workers: snap.workers,
         workers_ready: snap.workers_ready,
         queued: snap.queued,
+        reason: hung.map(str::to_string),
     };
     let body = serde_json::to_value(body).unwrap_or(Value::Null);
     json_response(

@@ -162,12 +162,13 @@ pub(super) fn json_response(status: u16, body: &Value, request_id: &str) -> Resp
     resp
 }
 
-/// Seconds a client is told to wait after a 429.
+/// Seconds a client is told to wait after a 429 or a 503 (a full queue; a server going down,
+/// whose balancer sends the retry elsewhere).
 pub(super) const RETRY_AFTER_SECONDS: &str = "1";
 
 pub(super) fn error_response(e: &RequestError, request_id: &str) -> Response {
     let mut resp = json_response(e.status, &error_body(e), request_id);
-    if e.status == 429 {
+    if e.status == 429 || e.status == 503 {
         resp.headers_mut().insert(
             header::RETRY_AFTER,
             HeaderValue::from_static(RETRY_AFTER_SECONDS),
@@ -230,6 +231,11 @@ pub(super) async fn run(
                 503,
                 "the server is shutting down",
                 "unavailable",
+            ))
+        }
+        Err(SubmitError::DeviceHung(reason)) => {
+            return Err(crate::engine::deadline::DeviceDeadline::unavailable(
+                &reason,
             ))
         }
     }

@@ -60,6 +60,20 @@ pub fn resolve_in_cache(
     Ok(snapshot)
 }
 
+/// The commit a resolved model directory is when it is a snapshot in a Hugging Face cache
+/// (`…/models--{org}--{name}/snapshots/{commit}`): the revision actually opened, whatever ref
+/// was asked for. `None` for any other directory.
+pub fn snapshot_commit(dir: &Path) -> Option<String> {
+    let parent = dir.parent()?;
+    let repo = parent.parent()?;
+    let is_snapshot = parent.file_name()? == "snapshots"
+        && repo
+            .file_name()?
+            .to_str()
+            .is_some_and(|n| n.starts_with("models--"));
+    is_snapshot.then(|| dir.file_name()?.to_str().map(str::to_string))?
+}
+
 /// `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
 fn hub_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HUB_CACHE") {

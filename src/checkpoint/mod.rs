@@ -18,7 +18,7 @@ mod tensors;
 
 pub use config::{LayerKind, ModelConfig, TextConfig, VisionConfig};
 pub use head::{JointHeadConfig, JointHeadFiles};
-pub use hub::{resolve_in_cache, resolve_model_dir};
+pub use hub::{resolve_in_cache, resolve_model_dir, snapshot_commit};
 pub use rows::{RowError, RowTable};
 pub use tensors::{widen_f32, StoredDtype, TensorInfo, TensorStore};
 

@@ -74,6 +74,11 @@ pub enum Command {
     Devices {
         #[command(flatten)]
         device: DeviceArgs,
+        /// Load the device's backend and stop before any device is touched: for `tt`, the shim,
+        /// its embedded CPython (the version it was built for), `import ttnn` and the op
+        /// package's ttnn version check. What an image build can check without chips.
+        #[arg(long)]
+        check: bool,
     },
     /// The device performance model: weights per device, and FLOPs, DRAM and link bytes and a
     /// predicted time of every op of one prefill chunk (and of the vision tower) at the p150's
@@ -318,6 +323,13 @@ pub struct ServeArgs {
     /// (tt-model kills a container 120 s after SIGTERM).
     #[arg(long, env = "CLEF_SHUTDOWN_TIMEOUT", default_value_t = 90)]
     pub shutdown_timeout: u64,
+    /// The device deadline, in seconds: a worker whose device makes no progress (a request's
+    /// start, each prefill chunk) for this long turns /health to 503, every decision gets a
+    /// 503, and the server exits with status 75 after its shutdown timeout, for its
+    /// supervisor to reset the chips and restart it. Default: 300 on `tt` (README, "A hung
+    /// device"), none on the CPU; 0 turns it off.
+    #[arg(long, env = "CLEF_DEVICE_TIMEOUT", value_name = "SECONDS")]
+    pub device_timeout: Option<f64>,
     /// State prefixes each worker keeps (0 disables the prefix cache).
     #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
     pub prefix_cache: usize,

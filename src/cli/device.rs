@@ -18,10 +18,24 @@ pub enum Device {
 }
 
 impl DeviceArgs {
-    /// The device, with its shim loaded (and checked) for `tt`.
+    /// The device, with its shim loaded (and checked) for `tt`; tt-metal's log and generated
+    /// files kept out of stdout and the working directory (`tt_output`).
     pub fn resolve(&self) -> anyhow::Result<Device> {
+        self.load(true)
+    }
+
+    /// [`DeviceArgs::resolve`] for `serve`: tt-metal's log stays where tt-metal writes it (the
+    /// service's log); only its generated files move.
+    pub fn resolve_for_serving(&self) -> anyhow::Result<Device> {
+        self.load(false)
+    }
+
+    fn load(&self, log_to_file: bool) -> anyhow::Result<Device> {
         match self.device.as_str() {
-            "tt" => Ok(Device::Tt(Shim::load(self.tt_shim.as_deref())?)),
+            "tt" => {
+                super::tt_output::place(log_to_file);
+                Ok(Device::Tt(Shim::load(self.tt_shim.as_deref())?))
+            }
             _ => Ok(Device::Cpu),
         }
     }
@@ -162,6 +176,33 @@ macro_rules! on_device {
     }};
 }
 pub(crate) use on_device;
+
+/// `clef-tt devices --check`: the device's backend loads, no device touched (for `tt`: the
+/// shim, its embedded CPython, ttnn and the op package, all started by the backend's
+/// `describe`, which reports the chips it sees without opening them); an error naming what
+/// failed otherwise.
+pub fn check(args: &DeviceArgs) -> anyhow::Result<String> {
+    match args.resolve()? {
+        Device::Cpu => Ok("device: cpu: ok\n".into()),
+        Device::Tt(shim) => {
+            let facts: serde_json::Value =
+                serde_json::from_str(&shim.describe().with_context(|| {
+                    format!("the shim {} does not start", shim.path().display())
+                })?)?;
+            let visible = match facts["devices"].as_u64() {
+                Some(n) => n.to_string(),
+                None => format!("none ({})", facts["devices_error"].as_str().unwrap_or("?")),
+            };
+            Ok(format!(
+                "device: tt: ok\nshim: {}\nbackend: {}\nruntime: {}\nhardware: {}\ndevices visible: {visible}\n",
+                shim.path().display(),
+                shim.backend(),
+                facts["runtime"].as_str().unwrap_or("?"),
+                facts["hardware"].as_str().unwrap_or("?"),
+            ))
+        }
+    }
+}
 
 /// `clef-tt devices`: prints what the asked device offers; an error when it cannot be used.
 pub fn report(args: &DeviceArgs) -> anyhow::Result<String> {

@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod progress;
 pub mod serve;
 mod settings;
+mod tt_output;
 
 use anyhow::{bail, Context};
 use args::{BenchCommand, Cli, Command};
@@ -243,8 +244,13 @@ pub fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Devices { device } => {
-            print!("{}", device::report(&device)?);
+        Command::Devices { device, check } => {
+            let text = if check {
+                device::check(&device)?
+            } else {
+                device::report(&device)?
+            };
+            print!("{text}");
             Ok(())
         }
         Command::Bench { what } => run_bench(what),

@@ -57,15 +57,40 @@ pub struct ServeOptions {
     pub tensor_cache_root: Option<std::path::PathBuf>,
     /// Written to stderr once every worker is ready.
     pub ready_message: Option<String>,
-    /// How long the requests in flight get after SIGTERM.
+    /// How long the requests in flight get after SIGTERM (and after a missed device deadline).
     pub shutdown_timeout: Duration,
+    /// The device deadline (`None`: none).
+    pub device_timeout: Option<Duration>,
+}
+
+/// The device deadline on a Tenstorrent device unless one is set (README, "A hung device"): the
+/// longest legal time between two progress marks on a P150x2 is a 1,024-token chunk (0.34 s of
+/// device time as the port measured it) plus, on a cold kernel cache, compiling the programs a
+/// new chunk shape needs (~60-120 s): 300 s is 2.5x that.
+pub const TT_DEVICE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The exit status after a missed device deadline (EX_TEMPFAIL: restart me).
+pub const EXIT_DEVICE_HUNG: i32 = 75;
+
+/// `--device-timeout`: seconds (0: none), else [`TT_DEVICE_TIMEOUT`] on `tt`, none on the CPU.
+fn device_timeout(asked: Option<f64>, device: &Device) -> anyhow::Result<Option<Duration>> {
+    match asked {
+        Some(s) => {
+            let d = Duration::try_from_secs_f64(s).map_err(|_| {
+                anyhow::anyhow!("--device-timeout must be a number of seconds >= 0, not {s}")
+            })?;
+            Ok((!d.is_zero()).then_some(d))
+        }
+        None => Ok(matches!(device, Device::Tt(_)).then_some(TT_DEVICE_TIMEOUT)),
+    }
 }
 
 impl ServeOptions {
     pub fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
         let is_default_model = super::requested_model(a.model.model.clone()).is_none();
         let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
-        let device = a.model.device.resolve()?;
+        let device = a.model.device.resolve_for_serving()?;
+        let device_timeout = device_timeout(a.device_timeout, &device)?;
         let parent = match &a.parent_mesh {
             Some(p) => Some(p.parse::<MeshShape>()?),
             None => None,
@@ -111,6 +136,7 @@ impl ServeOptions {
             tensor_cache_root: a.tensor_cache_root.filter(|p| !p.as_os_str().is_empty()),
             ready_message: a.ready_message.filter(|m| !m.is_empty()),
             shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+            device_timeout,
             prefix_cache: PrefixCacheOptions {
                 slots: a.prefix_cache,
                 max_bytes: a.prefix_cache_bytes,
@@ -276,7 +302,13 @@ fn card(
         "description": description,
         "release_date": "2026-11-29",
         "demo": o.is_default_model,
-        "weights": {"path": o.model_dir.display().to_string(), "revision": o.revision},
+        // The revision is the commit opened (a snapshot of the HF cache), not the ref asked for:
+        // tt-model leaves an existing refs/main alone, so `main` can name other weights.
+        "weights": {
+            "path": o.model_dir.display().to_string(),
+            "revision": clef_tt::checkpoint::snapshot_commit(&o.model_dir),
+            "requested_revision": o.revision,
+        },
         "device": o.device.name(),
         "cpu_kernels": clef_device::cpu::isa::isa().name(),
         "device_backend": o.device.describe(),
@@ -465,7 +497,6 @@ where
         _ => None,
     };
     let mut pipelines = Vec::new();
-    let mut meshes = Vec::new();
     let cache_stats = Arc::new(PrefixCacheStats::default());
     let mut cache_plan = None;
     for i in 0..o.workers.max(1) {
@@ -474,7 +505,6 @@ where
             None => open(i)?,
         };
         tracing::info!(worker = i, mesh = %o.layout.shape, precision = %o.precision.name, "loading weights");
-        meshes.push(mesh.clone());
         let formats = o.precision.weight_formats();
         let t0 = std::time::Instant::now();
         let backbone = match &cache {
@@ -540,9 +570,17 @@ where
     } else {
         None
     };
-    let engine = Engine::start(pipelines, o.max_queue, warmup);
+    let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout);
     let card = card(o, &ckpt, &limits, &cache_plan);
-    let device_probe = DeviceProbe::new(move || meshes.iter().filter_map(|m| m.usage()).collect());
+    // What each worker recorded after its last request: a reader never waits on a device.
+    let usage = engine.stats.clone();
+    let device_probe = DeviceProbe::new(move || {
+        usage
+            .device_usage
+            .lock()
+            .map(|u| u.iter().flatten().cloned().collect())
+            .unwrap_or_default()
+    });
     let settings = server_settings(o, &ckpt, rule, limits, card, Some(device_probe));
     let state = AppState::new(engine, settings);
     stop.serving.store(true, Ordering::SeqCst);
@@ -561,6 +599,22 @@ where
             if let Some(line) = ready_message {
                 eprintln!("{line}");
             }
+        });
+        let hung_engine = state.engine.deadline.clone();
+        tokio::spawn(async move {
+            // A missed device deadline: /health is 503 and every decision gets a 503 from now
+            // on; after the drain window the process ends without running destructors (a
+            // thread is stuck in the device runtime, whose own teardown could wait on it too).
+            while hung_engine.hung().is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tracing::error!(
+                seconds = deadline.as_secs(),
+                "a device stopped answering: draining, then exiting with status {EXIT_DEVICE_HUNG} for a restart (reset the chips: tt-smi -r)"
+            );
+            tokio::time::sleep(deadline).await;
+            tracing::error!("exiting: the device stopped answering");
+            exit_now(EXIT_DEVICE_HUNG);
         });
         let mut graceful = asked.clone();
         let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
@@ -583,6 +637,18 @@ where
         }
         anyhow::Ok(())
     })
+}
+
+/// Ends the process at once with `status`: no destructors, no atexit handlers (`_exit(2)`).
+fn exit_now(status: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    let _ = std::io::stdout().flush();
+    extern "C" {
+        fn _exit(status: i32) -> !;
+    }
+    // SAFETY: _exit only ends the process.
+    unsafe { _exit(status) }
 }
 
 /// SIGTERM and SIGINT, registered together before anything loads (as PID 1 in a container a
@@ -660,6 +726,7 @@ mod tests {
             tensor_cache_root: None,
             ready_message: None,
             shutdown_timeout: Duration::from_secs(90),
+            device_timeout: None,
         }
     }
 

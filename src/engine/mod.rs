@@ -5,6 +5,7 @@
 //! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
 //! state prefixes a worker has seen recently.
 
+pub mod deadline;
 pub mod prefix_cache;
 pub mod worker;
 

@@ -2,9 +2,12 @@
 //! and takes jobs from a queue of fixed capacity; a full queue refuses at once (the caller
 //! answers 429). A job whose client has gone before its turn is dropped unstarted, and one
 //! running stops at the next prefill chunk boundary. A request that panics is answered with a
-//! 500 and its worker is replaced (a new thread on the same weights, prefix cache cleared). The
-//! blocking model work never runs on the async runtime's threads.
+//! 500 and its worker is replaced (a new thread on the same weights, prefix cache cleared). A
+//! worker whose device stops answering is found by the device deadline (`deadline.rs`): the
+//! engine then refuses everything with a 503. The blocking model work never runs on the async
+//! runtime's threads.
 
+use super::deadline::DeviceDeadline;
 use super::prefix_cache::PrefixCacheStats;
 use super::{Decision, Pipeline, CANCELLED};
 use crate::encode::LengthRule;
@@ -13,7 +16,7 @@ use clef_device::{MeshOps, RuntimeCalls};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// One request waiting for a worker.
@@ -44,6 +47,9 @@ pub struct EngineStats {
     pub cancelled: AtomicU64,
     /// The workers' prefix caches.
     pub prefix_cache: Arc<PrefixCacheStats>,
+    /// Each worker's device usage as it was after its last request (`MeshOps::usage`; read
+    /// here, never from the mesh, so no reader waits on a device call).
+    pub device_usage: Mutex<Vec<Option<clef_device::DeviceUsage>>>,
 }
 
 /// The queue front: submit jobs, read the counters.
@@ -52,6 +58,8 @@ pub struct Engine {
     pub stats: Arc<EngineStats>,
     pub workers: usize,
     pub capacity: usize,
+    /// The device deadline and, once a worker missed it, why.
+    pub deadline: Arc<DeviceDeadline>,
 }
 
 /// Why a job was not queued.
@@ -59,16 +67,20 @@ pub struct Engine {
 pub enum SubmitError {
     Full,
     Closed,
+    /// A worker's device stopped answering (the reason): the engine takes nothing any more.
+    DeviceHung(String),
 }
 
 impl Engine {
     /// Start `pipelines.len()` workers over one queue of `capacity` jobs. `warmup` is answered
     /// once by every worker before it counts as ready. The pipelines should share one
-    /// [`PrefixCacheStats`] (see [`Pipeline::with_prefix_cache`]).
+    /// [`PrefixCacheStats`] (see [`Pipeline::with_prefix_cache`]). `device_timeout`: the
+    /// device deadline (`deadline.rs`; `None`: none, no watchdog).
     pub fn start<B: MeshOps + Send + 'static>(
         pipelines: Vec<Pipeline<B>>,
         capacity: usize,
         warmup: Option<(SystemOneRequest, LengthRule)>,
+        device_timeout: Option<Duration>,
     ) -> Engine
     where
         B::Tensor: Send,
@@ -84,19 +96,35 @@ impl Engine {
             ..EngineStats::default()
         });
         let workers = pipelines.len();
+        if let Ok(mut usage) = stats.device_usage.lock() {
+            *usage = vec![None; workers];
+        }
+        let deadline = Arc::new(DeviceDeadline::new(workers, device_timeout));
+        let context = WorkerContext {
+            rx: rx.clone(),
+            stats: stats.clone(),
+            deadline: deadline.clone(),
+        };
         for (i, pipeline) in pipelines.into_iter().enumerate() {
-            spawn_worker(i, 0, pipeline, rx.clone(), stats.clone(), warmup.clone());
+            spawn_worker(i, 0, pipeline, context.clone(), warmup.clone());
+        }
+        if deadline.limit.is_some() {
+            spawn_watchdog(context);
         }
         Engine {
             tx,
             stats,
             workers,
             capacity: capacity.max(1),
+            deadline,
         }
     }
 
-    /// Queue a job, or refuse at once when the queue is full.
+    /// Queue a job, or refuse at once when the queue is full or the device stopped answering.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        if let Some(reason) = self.deadline.hung() {
+            return Err(SubmitError::DeviceHung(reason.to_string()));
+        }
         self.stats.queued.fetch_add(1, Ordering::SeqCst);
         match self.tx.try_send(job) {
             Ok(()) => Ok(()),
@@ -118,6 +146,44 @@ impl Engine {
 /// The receiving end every worker takes jobs from.
 type Queue = Arc<Mutex<mpsc::Receiver<Job>>>;
 
+/// What every worker thread (and the watchdog) shares.
+#[derive(Clone)]
+struct WorkerContext {
+    rx: Queue,
+    stats: Arc<EngineStats>,
+    deadline: Arc<DeviceDeadline>,
+}
+
+/// The device deadline's watchdog (`deadline.rs`): looks at the workers every tick; once the
+/// engine is hung, answers every queued job with a 503 (a worker waiting on the queue answers
+/// the ones it takes itself). Ends with the engine's last worker.
+fn spawn_watchdog(context: WorkerContext) {
+    let weak = Arc::downgrade(&context.deadline);
+    let (rx, stats) = (context.rx, context.stats);
+    drop(context.deadline);
+    let spawned = std::thread::Builder::new()
+        .name("clef-device-watchdog".into())
+        .spawn(move || loop {
+            let Some(deadline) = weak.upgrade() else {
+                return;
+            };
+            std::thread::sleep(deadline.tick());
+            if !deadline.check() {
+                continue;
+            }
+            let reason = deadline.hung().unwrap_or_default().to_string();
+            if let Ok(mut queue) = rx.try_lock() {
+                while let Ok(job) = queue.try_recv() {
+                    stats.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = job.reply.send(Err(DeviceDeadline::unavailable(&reason)));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("could not start the device watchdog: {e}");
+    }
+}
+
 /// Why a worker thread ended.
 enum WorkerEnd {
     /// The queue closed: the server is shutting down.
@@ -133,8 +199,7 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
     index: usize,
     generation: u64,
     pipeline: Pipeline<B>,
-    rx: Queue,
-    stats: Arc<EngineStats>,
+    context: WorkerContext,
     warmup: Option<(SystemOneRequest, LengthRule)>,
 ) where
     B::Tensor: Send,
@@ -144,6 +209,7 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
         .spawn(move || {
             if let Some((request, rule)) = warmup {
                 let t0 = Instant::now();
+                context.deadline.begin(index, None);
                 match pipeline.decide(&request, rule) {
                     Ok(_) => tracing::info!(
                         worker = index,
@@ -152,19 +218,21 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
                     ),
                     Err(e) => tracing::warn!(worker = index, "warm-up failed: {e}"),
                 }
+                context.deadline.end(index);
             }
-            stats.ready.fetch_add(1, Ordering::SeqCst);
-            match worker_loop(index, &pipeline, &rx, &stats) {
+            record_usage(index, &pipeline, &context.stats);
+            context.stats.ready.fetch_add(1, Ordering::SeqCst);
+            match worker_loop(index, &pipeline, &context) {
                 WorkerEnd::QueueClosed => {}
                 WorkerEnd::Failed => {
-                    stats.ready.fetch_sub(1, Ordering::SeqCst);
+                    context.stats.ready.fetch_sub(1, Ordering::SeqCst);
                     pipeline.reset_after_failure();
                     tracing::warn!(
                         worker = index,
                         generation = generation + 1,
                         "replacing the worker after a failed request"
                     );
-                    spawn_worker(index, generation + 1, pipeline, rx, stats, None);
+                    spawn_worker(index, generation + 1, pipeline, context, None);
                 }
             }
         });
@@ -173,13 +241,23 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
     }
 }
 
+/// Worker `index`'s device usage, kept in the stats for `/v1/models` and `/metrics`.
+fn record_usage<B: MeshOps>(index: usize, pipeline: &Pipeline<B>, stats: &EngineStats) {
+    let usage = pipeline.backbone.mesh().usage();
+    if let Ok(mut all) = stats.device_usage.lock() {
+        if let Some(slot) = all.get_mut(index) {
+            *slot = usage;
+        }
+    }
+}
+
 /// Answer jobs until the queue closes or one of them panics.
 fn worker_loop<B: MeshOps>(
     index: usize,
     pipeline: &Pipeline<B>,
-    rx: &Queue,
-    stats: &EngineStats,
+    context: &WorkerContext,
 ) -> WorkerEnd {
+    let (rx, stats, deadline) = (&context.rx, &context.stats, &context.deadline);
     loop {
         // One worker waits on the queue at a time; the others wait for the lock.
         let job = match rx.lock() {
@@ -190,22 +268,32 @@ fn worker_loop<B: MeshOps>(
             return WorkerEnd::QueueClosed;
         };
         stats.queued.fetch_sub(1, Ordering::SeqCst);
+        if let Some(reason) = deadline.hung() {
+            // Another worker's device stopped answering: the server is going down.
+            let _ = job.reply.send(Err(DeviceDeadline::unavailable(reason)));
+            continue;
+        }
         if job.reply.is_closed() {
             stats.abandoned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(id = %job.id, worker = index, "abandoned: the client left before its turn");
             continue;
         }
         stats.running.fetch_add(1, Ordering::SeqCst);
-        let reply = &job.reply;
+        let (id, request, rule) = (job.id, job.request, job.rule);
+        deadline.begin(index, Some(job.reply));
+        let beacon = deadline.beacon(index);
+        // Each prefill chunk boundary is progress, and where a client that left stops its run.
+        let cancelled = || {
+            deadline.beat(index);
+            beacon.is_some_and(|b| b.client_gone())
+        };
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            pipeline.decide_cancellable(&job.request, job.rule, &|| reply.is_closed())
+            pipeline.decide_cancellable(&request, rule, &cancelled)
         }));
+        let reply = deadline.end(index);
         stats.running.fetch_sub(1, Ordering::SeqCst);
-        log_runtime_calls(
-            &job.id,
-            index,
-            &pipeline.backbone.mesh().take_runtime_calls(),
-        );
+        log_runtime_calls(&id, index, &pipeline.backbone.mesh().take_runtime_calls());
+        record_usage(index, pipeline, stats);
         match outcome {
             Ok(result) => {
                 match &result {
@@ -216,12 +304,15 @@ fn worker_loop<B: MeshOps>(
                     }
                     Err(e) if e.kind == CANCELLED => {
                         stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(id = %job.id, worker = index, "cancelled: the client left while it ran");
+                        tracing::info!(id = %id, worker = index, "cancelled: the client left while it ran");
                     }
                     Err(_) => {}
                 }
-                // A client that left while we ran is fine: the answer is dropped.
-                let _ = job.reply.send(result);
+                // A client that left while we ran is fine: the answer is dropped (as is an
+                // answer the watchdog already gave).
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
             }
             Err(panic) => {
                 stats.panics.fetch_add(1, Ordering::Relaxed);
@@ -230,10 +321,12 @@ fn worker_loop<B: MeshOps>(
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(id = %job.id, worker = index, "request panicked: {msg}");
-                let _ = job.reply.send(Err(RequestError::internal(format!(
-                    "the worker failed on this request: {msg}"
-                ))));
+                tracing::error!(id = %id, worker = index, "request panicked: {msg}");
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(RequestError::internal(format!(
+                        "the worker failed on this request: {msg}"
+                    ))));
+                }
                 return WorkerEnd::Failed;
             }
         }

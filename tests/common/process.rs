@@ -43,6 +43,21 @@ impl Drop for Server {
     }
 }
 
+/// Waits up to `within` for `server` to exit by itself; its status.
+pub fn wait_exit(server: &mut Server, within: std::time::Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not exit within {within:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// `clef-tt serve` on a free loopback port with `args`; returns the child, its base URL and
 /// a client once /health says ready.
 pub fn spawn_server(args: &[&str], env: &[(&str, &str)]) -> (Server, String, ureq::Agent) {

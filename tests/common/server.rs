@@ -60,7 +60,7 @@ pub fn start_with<B: clef_device::MeshOps + Send + 'static>(
 where
     B::Tensor: Send,
 {
-    let engine = Engine::start(pipelines, queue, None);
+    let engine = Engine::start(pipelines, queue, None, None);
     let state = AppState::new(engine, settings);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

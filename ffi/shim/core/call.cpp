@@ -1,7 +1,11 @@
 // The per-call machinery of the C ABI (see call.hpp).
 #include "call.hpp"
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace clef_tt {
 
@@ -51,10 +55,46 @@ std::string shape_text(const Meta& m) {
   return std::to_string(m.rows) + "x" + std::to_string(m.cols);
 }
 
+namespace {
+
+// The fault `CLEF_TT_HANG=op:N`: the N-th call (counted per process, from 1) of the mesh op
+// named `op` (as in error messages: "linear", "layer_op", "download", ...) never returns, as a
+// call into a chip that stopped answering would not. It holds the mesh's lock, as such a call
+// does. For the tests of the server's device deadline; unset, it costs one comparison.
+struct HangPoint {
+  std::string op;
+  uint64_t nth = 0;
+  std::atomic<uint64_t> seen{0};
+
+  HangPoint() {
+    const char* spec = std::getenv("CLEF_TT_HANG");
+    if (spec == nullptr) return;
+    std::string text(spec);
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0) return;
+    try {
+      nth = std::stoull(text.substr(colon + 1));
+      op = text.substr(0, colon);
+    } catch (...) {
+      nth = 0;
+    }
+  }
+};
+
+void maybe_hang(const char* op) {
+  static HangPoint point;
+  if (point.nth == 0 || point.op != op) return;
+  if (point.seen.fetch_add(1) + 1 != point.nth) return;
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+}  // namespace
+
 Call::Call(clef_tt_mesh* mesh, const char* op) : mesh_(mesh), op_(op) {
   if (mesh == nullptr) invalid("argument mesh is null");
   if (!Registry::get().has_mesh(mesh)) invalid("argument mesh is not an open mesh");
   guard_ = std::unique_lock<std::mutex>(mesh->lock);
+  maybe_hang(op);
 }
 
 const clef_tt_tensor& Call::tensor(const clef_tt_tensor* t, const char* name) {

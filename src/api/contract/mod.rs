@@ -67,7 +67,8 @@ pub struct ErrorSummary {
     pub kind: String,
 }
 
-/// `/health`: 200 once every worker is warm, 503 before.
+/// `/health`: 200 once every worker is warm, 503 before, and 503 for good once a device stopped
+/// answering (the process exits after its drain window).
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct HealthBody {
     pub status: HealthStatus,
@@ -75,13 +76,18 @@ pub struct HealthBody {
     pub workers_ready: usize,
     /// Decisions waiting for a worker.
     pub queued: usize,
+    /// Why the server is unhealthy (with `device_hung`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum HealthStatus {
     Ok,
     Starting,
+    /// A worker's device missed the device deadline (`CLEF_DEVICE_TIMEOUT`).
+    DeviceHung,
 }
 
 /// `/v1/models`: the served model under each name it answers to, twice: the port's cards

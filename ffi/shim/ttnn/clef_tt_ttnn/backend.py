@@ -18,6 +18,14 @@ TTNN_VERSION = "0.81.1"
 _fabric_users = 0
 
 
+def _reason(error):
+    """The message of a tt-metal exception (the line after its "info:"), else its first line."""
+    lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+    if "info:" in lines and lines.index("info:") + 1 < len(lines):
+        return lines[lines.index("info:") + 1]
+    return lines[0] if lines else repr(error)
+
+
 def _ttnn_version(ttnn):
     v = getattr(ttnn, "__version__", None)
     if isinstance(v, str) and v[:1].isdigit():
@@ -135,5 +143,12 @@ class Backend:
     def describe(self):
         """The backend as clef_tt_describe reports it: {"backend", "hardware", "runtime",
         "devices"}; an open mesh's describe() has its grid and memory."""
-        return {"backend": self.name, "hardware": self.hardware(),
-                "runtime": "ttnn " + self.version, "devices": self.visible_devices()}
+        facts = {"backend": self.name, "hardware": self.hardware(), "runtime": "ttnn " + self.version}
+        try:
+            facts["devices"] = self.visible_devices()
+        except RuntimeError as e:
+            # No chips (an image build): ttnn raises "No chips detected in the cluster". The
+            # backend itself loaded, which is what `clef-tt devices --check` asks.
+            facts["devices"] = None
+            facts["devices_error"] = _reason(e)
+        return facts
