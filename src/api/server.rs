@@ -13,7 +13,7 @@ use super::contract::{
 use super::intake::{check_key, read_json};
 use super::openapi;
 use super::state::{error_response, json_response, run, Decided};
-pub use super::state::{AppState, DeviceProbe, ServerSettings};
+pub use super::state::{AppState, ServerSettings};
 use super::workers_ai;
 use crate::request::{validate, RequestError};
 use axum::extract::{DefaultBodyLimit, Request, State};

@@ -22,31 +22,9 @@ use crate::media::MediaLimits;
 use crate::request::{HostLimits, RequestError, SystemOneRequest};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use clef_device::DeviceUsage;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Reads the device memory and live tensors of every worker's mesh (for backends that track
-/// them), for `/v1/models` and `/metrics`.
-#[derive(Clone)]
-pub struct DeviceProbe(Arc<dyn Fn() -> Vec<DeviceUsage> + Send + Sync>);
-
-impl DeviceProbe {
-    pub fn new(f: impl Fn() -> Vec<DeviceUsage> + Send + Sync + 'static) -> Self {
-        DeviceProbe(Arc::new(f))
-    }
-
-    pub fn read(&self) -> Vec<DeviceUsage> {
-        (self.0)()
-    }
-}
-
-impl std::fmt::Debug for DeviceProbe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DeviceProbe")
-    }
-}
 
 /// What the routes need to know besides the engine.
 #[derive(Clone, Debug)]
@@ -63,8 +41,6 @@ pub struct ServerSettings {
     pub card: Value,
     /// Serve the browser demo page at `/` (`CLEF_DEMO`).
     pub demo: bool,
-    /// The workers' device usage, where the backend reports it.
-    pub device: Option<DeviceProbe>,
     /// Bounds on images and videos; `None` when the model has no vision tower.
     pub media: Option<MediaLimits>,
     /// `CLEF_ACCOUNT_ID`: the only account id the Workers AI route accepts (`None`: any).
@@ -125,11 +101,12 @@ impl AppState {
             cache_misses: s.prefix_cache.misses.load(Ordering::Relaxed),
             cache_evictions: s.prefix_cache.evictions.load(Ordering::Relaxed),
             cache_bytes: s.prefix_cache.bytes.load(Ordering::Relaxed),
-            device: self
-                .settings
-                .device
-                .as_ref()
-                .map(DeviceProbe::read)
+            // What each worker recorded after its last request: never read from a mesh, so no
+            // route waits on a device call.
+            device: s
+                .device_usage
+                .lock()
+                .map(|u| u.iter().flatten().cloned().collect())
                 .unwrap_or_default(),
         }
     }

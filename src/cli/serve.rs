@@ -8,7 +8,7 @@ use super::args::ServeArgs;
 use super::device::{on_device, Device, MeshLayout};
 use anyhow::Context;
 use clef_device::{MeshOps, MeshShape};
-use clef_tt::api::server::{router, AppState, DeviceProbe, ServerSettings};
+use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
@@ -232,7 +232,6 @@ fn server_settings(
     rule: LengthRule,
     limits: HostLimits,
     card: serde_json::Value,
-    device: Option<DeviceProbe>,
 ) -> ServerSettings {
     ServerSettings {
         api_key: o.api_key.clone().filter(|k| !k.is_empty()),
@@ -243,7 +242,6 @@ fn server_settings(
         rule,
         limits,
         card,
-        device,
         media: ckpt.config.vision.is_some().then(|| o.media_limits.clone()),
         account_id: o.account_id.clone().filter(|a| !a.is_empty()),
     }
@@ -254,7 +252,7 @@ fn server_settings(
 pub fn print_openapi(o: &ServeOptions) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&o.model_dir)
         .with_context(|| format!("opening {}", o.model_dir.display()))?;
-    let settings = server_settings(o, &ckpt, o.rule, host_limits(o), json!({}), None);
+    let settings = server_settings(o, &ckpt, o.rule, host_limits(o), json!({}));
     let doc = clef_tt::api::openapi::document(&settings);
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
@@ -572,16 +570,7 @@ where
     };
     let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout);
     let card = card(o, &ckpt, &limits, &cache_plan);
-    // What each worker recorded after its last request: a reader never waits on a device.
-    let usage = engine.stats.clone();
-    let device_probe = DeviceProbe::new(move || {
-        usage
-            .device_usage
-            .lock()
-            .map(|u| u.iter().flatten().cloned().collect())
-            .unwrap_or_default()
-    });
-    let settings = server_settings(o, &ckpt, rule, limits, card, Some(device_probe));
+    let settings = server_settings(o, &ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);
     stop.serving.store(true, Ordering::SeqCst);
     let ready_message = o.ready_message.clone();

@@ -20,7 +20,7 @@
 
 use super::Decision;
 use crate::request::RequestError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -34,10 +34,9 @@ pub const DEVICE_UNAVAILABLE: &str = "device_unavailable";
 /// One worker's progress, and the reply of the request it runs.
 #[derive(Default)]
 pub struct Beacon {
-    /// Milliseconds since the deadline's epoch, plus 1, when the running request started
-    /// (0: idle).
-    busy_since: AtomicU64,
-    /// ... when the worker last made progress.
+    /// A request the deadline bounds is running (not the warm-up, not idle).
+    bounded: AtomicBool,
+    /// Milliseconds since the deadline's epoch when the worker last made progress.
     last_beat: AtomicU64,
     reply: Mutex<Option<Reply>>,
 }
@@ -77,7 +76,7 @@ impl DeviceDeadline {
     }
 
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
+        self.epoch.elapsed().as_millis() as u64
     }
 
     pub fn beacon(&self, worker: usize) -> Option<&Beacon> {
@@ -92,10 +91,8 @@ impl DeviceDeadline {
             if let Ok(mut slot) = b.reply.lock() {
                 *slot = reply;
             }
-            let now = self.now();
-            b.last_beat.store(now, Ordering::SeqCst);
-            b.busy_since
-                .store(if bounded { now } else { 0 }, Ordering::SeqCst);
+            b.last_beat.store(self.now(), Ordering::SeqCst);
+            b.bounded.store(bounded, Ordering::SeqCst);
         }
     }
 
@@ -109,7 +106,7 @@ impl DeviceDeadline {
     /// Worker `worker` is done with its request: its reply, unless the watchdog answered it.
     pub fn end(&self, worker: usize) -> Option<Reply> {
         let b = self.beacon(worker)?;
-        b.busy_since.store(0, Ordering::SeqCst);
+        b.bounded.store(false, Ordering::SeqCst);
         b.take_reply()
     }
 
@@ -138,10 +135,10 @@ impl DeviceDeadline {
         }
         let now = self.now();
         for (i, b) in self.beacons.iter().enumerate() {
-            let since = b.busy_since.load(Ordering::SeqCst);
+            let bounded = b.bounded.load(Ordering::SeqCst);
             let last = b.last_beat.load(Ordering::SeqCst);
             let quiet = Duration::from_millis(now.saturating_sub(last));
-            if since == 0 || quiet <= limit {
+            if !bounded || quiet <= limit {
                 continue;
             }
             let reason = format!(

@@ -10,12 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A decision's status, `Retry-After` and body.
-fn post(base: &str, body: &str) -> (u16, Option<String>, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+fn post(agent: &ureq::Agent, base: &str, body: &str) -> (u16, Option<String>, Value) {
     let mut r = agent
         .post(&format!("{base}/v1/systemone"))
         .header("content-type", "application/json")
@@ -64,10 +59,11 @@ pub fn a_hung_device_is_refused_reported_and_exited(
     let t0 = Instant::now();
     let (running, queued) = {
         let (b1, b2) = (base.clone(), base.clone());
+        let (a1, a2) = (agent.clone(), agent.clone());
         let (body1, body2) = (body.to_string(), body.to_string());
-        let running = std::thread::spawn(move || post(&b1, &body1));
+        let running = std::thread::spawn(move || post(&a1, &b1, &body1));
         std::thread::sleep(Duration::from_millis(200));
-        let queued = std::thread::spawn(move || post(&b2, &body2));
+        let queued = std::thread::spawn(move || post(&a2, &b2, &body2));
         (running.join().unwrap(), queued.join().unwrap())
     };
     assert_unavailable(&running, "the request on the hung device");
@@ -76,7 +72,7 @@ pub fn a_hung_device_is_refused_reported_and_exited(
         t0.elapsed() >= Duration::from_secs(1),
         "answered before the deadline"
     );
-    assert_unavailable(&post(&base, body), "a new request");
+    assert_unavailable(&post(&agent, &base, body), "a new request");
     let mut r = agent.get(&format!("{base}/health")).call().unwrap();
     assert_eq!(r.status(), 503);
     let health: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();

@@ -41,7 +41,6 @@ pub fn settings() -> ServerSettings {
         rule: RULE,
         limits: HostLimits::default(),
         card: json!({"name": "clef-test", "description": "test", "release_date": "2026-11-29"}),
-        device: None,
         media: Some(MediaLimits::default()),
         account_id: None,
     }
