@@ -147,7 +147,7 @@ class Transfers:
 
         A bf16 or f32 tile tensor is untilized on the device first (one program, a fraction of
         the chunk's device time) and its host buffer is read in place (dlpack): converting tiles
-        on the host (`to_dtype` + `to_numpy`) took ~4x the host time for a 1,024-token chunk's
+        on the host (`to_dtype` + `to_numpy`) took ~3x the host time for a 1,024-token chunk's
         hidden rows. Other formats (bfp8/bfp4 matrices) are decoded on the host."""
         self._check_device("download", device)
         ttnn = self.ttnn
