@@ -34,8 +34,10 @@ def torch_tokens_per_s(model_dir, tokens, dtype, repeat, threads):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     text = cfg.get("text_config", cfg)
-    config = AutoConfig.for_model(text.get("model_type", "qwen3_5_text"), **{
-        k: v for k, v in text.items() if k != "model_type"})
+    config = AutoConfig.for_model(
+        text.get("model_type", "qwen3_5_text"),
+        **{k: v for k, v in text.items() if k != "model_type"},
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, dtype))
     trunk = model.model.eval()
@@ -52,9 +54,25 @@ def torch_tokens_per_s(model_dir, tokens, dtype, repeat, threads):
 
 def clef_tokens_per_s(clef, model_dir, tokens, profile, repeat):
     out = subprocess.run(
-        [clef, "bench", "prefill", "--model", model_dir, "--tokens", str(tokens),
-         "--precision", profile, "--mesh", "1x1", "--repeat", str(repeat)],
-        check=True, capture_output=True, text=True).stdout
+        [
+            clef,
+            "bench",
+            "prefill",
+            "--model",
+            model_dir,
+            "--tokens",
+            str(tokens),
+            "--precision",
+            profile,
+            "--mesh",
+            "1x1",
+            "--repeat",
+            str(repeat),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) >= 5 and cells[0] == profile and re.match(r"^\d", cells[4]):
@@ -83,17 +101,23 @@ def main():
                 peer = pool.apply(torch_tokens_per_s, (a.model, tokens, dtype, a.repeat, a.threads))
             ours = clef_tokens_per_s(a.clef, a.model, tokens, profiles[dtype], a.repeat)
             rows.append((dtype, tokens, ours, peer))
-            print(f"{dtype} {tokens}: clef-tt {ours:.1f} tokens/s, PyTorch {peer:.1f}", file=sys.stderr)
+            print(
+                f"{dtype} {tokens}: clef-tt {ours:.1f} tokens/s, PyTorch {peer:.1f}",
+                file=sys.stderr,
+            )
     import torch
     import transformers
+
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
-            flags = set(next(l for l in f if l.startswith("flags")).split(":")[1].split())
+            flags = set(next(ln for ln in f if ln.startswith("flags")).split(":")[1].split())
     except (OSError, StopIteration):
         pass
     isa = [x for x in ("avx512_bf16", "avx512f", "avx2", "fma") if x in flags]
-    print(f"PyTorch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads, CPU: {' '.join(isa) or 'unknown'}")
+    print(
+        f"PyTorch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads, CPU: {' '.join(isa) or 'unknown'}"
+    )
     print("| dtype | tokens | clef-tt tokens/s | PyTorch tokens/s | ratio |\n|---|---|---|---|---|")
     for dtype, tokens, ours, peer in rows:
         print(f"| {dtype} | {tokens} | {ours:.1f} | {peer:.1f} | {ours / peer:.2f}x |")

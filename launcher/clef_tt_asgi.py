@@ -76,7 +76,9 @@ def ttnn_shim():
     for base in dict.fromkeys([paths["platlib"], paths["purelib"]]):
         folder = os.path.join(base, SHIM_DIR)
         shim = os.path.join(folder, SHIM)
-        if os.path.isfile(shim) and os.path.isfile(os.path.join(folder, "clef_tt_ttnn", "__init__.py")):
+        if os.path.isfile(shim) and os.path.isfile(
+            os.path.join(folder, "clef_tt_ttnn", "__init__.py")
+        ):
             return shim
     return None
 
@@ -102,9 +104,13 @@ def socket_of(config):
             "(python -m uvicorn --host H --port P --lifespan on launcher.clef_tt_asgi:app)"
         )
     if getattr(config, "uds", None) or getattr(config, "fd", None) is not None:
-        raise LaunchError("clef-tt listens on a TCP host and port: --uds and --fd are not supported")
+        raise LaunchError(
+            "clef-tt listens on a TCP host and port: --uds and --fd are not supported"
+        )
     if (getattr(config, "workers", None) or 1) > 1 or getattr(config, "reload", False):
-        raise LaunchError("clef-tt is one process with its own workers (CLEF_WORKERS): drop --workers/--reload")
+        raise LaunchError(
+            "clef-tt is one process with its own workers (CLEF_WORKERS): drop --workers/--reload"
+        )
     return str(config.host), int(config.port)
 
 
@@ -137,15 +143,21 @@ def check_shim():
     with clef-tt's reason otherwise."""
     env = dict(clef_tt_env("127.0.0.1", 0), RUST_BACKTRACE="0")
     try:
-        r = subprocess.run([clef_tt_binary(), "devices", "--device", "tt", "--check"], env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [clef_tt_binary(), "devices", "--device", "tt", "--check"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise LaunchError(f"clef-tt devices --check did not run: {e}") from e
     if r.returncode != 0:
         text = r.stderr.split("Stack backtrace:")[0]
-        reason = " ".join(l.strip() for l in text.splitlines() if l.strip())
-        raise LaunchError("the ttnn shim does not load in this environment: "
-                          + (reason or f"exit {r.returncode}"))
+        reason = " ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+        raise LaunchError(
+            "the ttnn shim does not load in this environment: " + (reason or f"exit {r.returncode}")
+        )
     return r.stdout
 
 
@@ -188,7 +200,10 @@ async def app(scope, receive, send):
             {
                 "type": "http.response.start",
                 "status": 500,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})

@@ -166,7 +166,7 @@ fn body(state: &str) -> String {
     body_with(Value::from(state))
 }
 
-/// The key a client library computes (README, "Serving on several boxes").
+/// The key a client library computes (docs/scale-out.md, "Serving on several boxes").
 fn client_key(state: &str) -> String {
     Sha256::digest(state.as_bytes())
         .iter()

@@ -3,7 +3,8 @@
 //! alone and is replaced; a burst of clients that hang up leaves the queue and the prefix cache
 //! consistent; a model directory changed under a running server does not crash it; and a
 //! bounded load test at four times the capacity answers every request with 200 or 429, equal to
-//! the solo answers, without growing the resident memory.
+//! the solo answers, without growing the resident memory; a burst of 128 with packing on
+//! likewise loses nothing.
 
 mod common;
 
@@ -11,6 +12,7 @@ use clef_device::cpu::CpuMesh;
 use clef_device::{MeshShape, WeightFormat};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::engine::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
+use clef_tt::engine::worker::Packing;
 use clef_tt::engine::{Pipeline, INJECTED_FAULT};
 use clef_tt::request::{parse_body, validate, HostLimits};
 use common::server::*;
@@ -436,8 +438,32 @@ fn load(
 fn load_at_four_times_capacity_answers_200_or_429_equal_to_solo_answers() {
     let (workers, queue) = (2, 4);
     let clients = 4 * (workers + queue);
-    let per_client = 10;
     let base = start(settings(), workers, queue);
+    bounded_load(&base, clients, 10, workers, queue);
+}
+
+/// A burst of 128 requests (16 clients x 8) with packing on: every one answered, 200 or 429,
+/// each 200 equal to its solo answer, and some of them from packed passes.
+#[test]
+fn a_burst_of_128_with_packing_on_loses_nothing() {
+    let (workers, queue) = (1, 16);
+    let packing = Packing {
+        tokens: 4096,
+        max_jobs: 16,
+        wait: Duration::from_millis(2),
+    };
+    let base = common::server::start_packing(settings(), vec![pipeline()], queue, packing);
+    bounded_load(&base, 16, 8, workers, queue);
+    assert!(
+        metric(&base, "clef_packed_requests_total") > 0.0,
+        "nothing was packed"
+    );
+}
+
+/// `clients` x `per_client` requests over three golden bodies against a server of `workers`
+/// and `queue`: every request answered, 200 (equal to the solo answer) or 429, resident
+/// memory flat.
+fn bounded_load(base: &str, clients: usize, per_client: usize, workers: usize, queue: usize) {
     let bodies: Vec<String> = golden_bodies()
         .into_iter()
         .filter(|(id, _)| {
@@ -463,13 +489,13 @@ fn load_at_four_times_capacity_answers_200_or_429_equal_to_solo_answers() {
         })
         .collect();
     // One round first, so thread stacks and allocator pools exist before the baseline.
-    load(&base, &bodies, clients, 1);
-    wait_idle(&base);
+    load(base, &bodies, clients, 1);
+    wait_idle(base);
     let before = common::process::resident_kib("self");
     let t0 = Instant::now();
-    let results = load(&base, &bodies, clients, per_client);
+    let results = load(base, &bodies, clients, per_client);
     let seconds = t0.elapsed().as_secs_f64();
-    wait_idle(&base);
+    wait_idle(base);
     let after = common::process::resident_kib("self");
 
     assert_eq!(results.len(), clients * per_client, "a request was lost");

@@ -25,6 +25,12 @@ pub enum DeviceError {
         got: usize,
         devices: usize,
     },
+    /// The backend does not implement this op.
+    #[error("{op} is not implemented by the {backend} backend")]
+    Unsupported {
+        op: &'static str,
+        backend: &'static str,
+    },
     /// The prefill was cancelled between two chunks.
     #[error("cancelled")]
     Cancelled,

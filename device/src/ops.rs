@@ -331,6 +331,30 @@ pub trait MeshOps: Sync {
     /// `[rows/group, cols*group]`, a reshape).
     fn fold_rows(&self, x: &Self::Tensor, group: usize) -> Result<Self::Tensor>;
 
+    /// Whether the backend runs packed passes: several requests' rows in one tensor, with
+    /// [`MeshOps::slice_rows`] and [`MeshOps::concat_rows`] parting and joining them around
+    /// the ops that mix tokens over time (the backbone's `prefill_segments`).
+    fn packs_rows(&self) -> bool {
+        false
+    }
+    /// Rows `rows` of every device's part, placement kept (one request of a packed pass).
+    fn slice_rows(&self, x: &Self::Tensor, rows: std::ops::Range<usize>) -> Result<Self::Tensor> {
+        let _ = (x, rows);
+        Err(crate::DeviceError::Unsupported {
+            op: "slice_rows",
+            backend: self.backend_name(),
+        })
+    }
+    /// Every device's parts stacked by rows in order, of one placement (a packed pass's
+    /// requests joined again).
+    fn concat_rows(&self, parts: &[Self::Tensor]) -> Result<Self::Tensor> {
+        let _ = parts;
+        Err(crate::DeviceError::Unsupported {
+            op: "concat_rows",
+            backend: self.backend_name(),
+        })
+    }
+
     /// An attention sublayer in one call: the new residual stream, keys and values; `None` when
     /// the backend does not run it for these shapes.
     fn attention_layer(

@@ -168,8 +168,8 @@ int clef_tt_mesh_take_op_stats(clef_tt_mesh *mesh, char *out, size_t capacity, s
  * counts the device operations, per program, with the data-movement ops and their bytes).
  * CLEF_TT_UNSUPPORTED for a request the backend does not know (the host backend knows none).
  * The request runs once: a too-small `out` gets the answer's length, but the answer is lost. */
-int clef_tt_mesh_command(clef_tt_mesh *mesh, const char *request_json, char *out,
-                         size_t capacity, size_t *len);
+int clef_tt_mesh_command(clef_tt_mesh *mesh, const char *request_json, char *out, size_t capacity,
+                         size_t *len);
 /* ---- tensors ---------------------------------------------------------------------------- */
 
 typedef struct clef_tt_tensor_desc {
@@ -215,8 +215,7 @@ typedef struct clef_tt_tensor_info {
 
 int clef_tt_tensor_info_get(const clef_tt_tensor *t, clef_tt_tensor_info *out);
 /* Device `device`'s part as row-major f32 [rows, cols] (matrices decoded); `capacity` floats. */
-int clef_tt_tensor_download(const clef_tt_tensor *t, uint32_t device, float *out,
-                            size_t capacity);
+int clef_tt_tensor_download(const clef_tt_tensor *t, uint32_t device, float *out, size_t capacity);
 /* Device `device`'s part as uploaded (tile bytes of a matrix, f32 rows otherwise), for a
  * tensor cache; `capacity` bytes. */
 int clef_tt_tensor_read_stored(const clef_tt_tensor *t, uint32_t device, void *out,
@@ -266,7 +265,7 @@ typedef struct clef_tt_rope_spec {
   uint32_t head_dim;
   /* Leading channels of each head that rotate (rotate-half layout). */
   uint32_t rotary_dim;
-  /* Interleaved M-RoPE: slot j uses axis h if j%3==1 && j<3*s[1], w if j%3==2 && j<3*s[2], else t. */
+  /* Interleaved M-RoPE: slot j uses h if j%3==1 && j<3*s[1], w if j%3==2 && j<3*s[2], else t. */
   uint32_t mrope_section[3];
   double theta;
 } clef_tt_rope_spec;
@@ -290,9 +289,8 @@ typedef struct clef_tt_result_spec {
  * CLEF_TT_UNSUPPORTED: the backend does not run `op` for these arguments (nothing computed). */
 int clef_tt_layer_op(clef_tt_mesh *mesh, const char *op, const clef_tt_tensor *const *inputs,
                      uint32_t n_inputs, const char *params_json, const clef_tt_rope_spec *rope,
-                     const uint32_t *positions, uint32_t rows,
-                     const clef_tt_result_spec *results, uint32_t n_results,
-                     clef_tt_tensor **outs);
+                     const uint32_t *positions, uint32_t rows, const clef_tt_result_spec *results,
+                     uint32_t n_results, clef_tt_tensor **outs);
 
 /* Partial M-RoPE; `positions` holds (t, h, w) for each of the `rows` rows (the shim computes
  * the cos/sin tables of these positions on the host). */
@@ -300,8 +298,8 @@ int clef_tt_rope(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_rope
                  const uint32_t *positions, uint32_t rows, clef_tt_tensor **out);
 /* `cache` rows followed by `rows` rows (a KV cache of `heads` heads of cols/heads channels,
  * which a backend may hold paged per head); a null cache starts one from `rows`. */
-int clef_tt_append_rows(clef_tt_mesh *mesh, const clef_tt_tensor *cache,
-                        const clef_tt_tensor *rows, uint32_t heads, clef_tt_tensor **out);
+int clef_tt_append_rows(clef_tt_mesh *mesh, const clef_tt_tensor *cache, const clef_tt_tensor *rows,
+                        uint32_t heads, clef_tt_tensor **out);
 /* Causal GQA softmax attention, fp32, scale head_dim^-0.5: the q rows are the last positions of
  * keys/values. */
 int clef_tt_causal_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q,
@@ -313,9 +311,9 @@ int clef_tt_mul_sigmoid(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_
                         clef_tt_tensor **out);
 /* Causal depthwise conv over time + SiLU; w: [channels, kernel] taps; carry: the last kernel-1
  * inputs of the previous chunk (null = zeros). Writes the output and the new carry. */
-int clef_tt_causal_conv1d_silu(clef_tt_mesh *mesh, const clef_tt_tensor *x,
-                               const clef_tt_tensor *w, const clef_tt_tensor *carry,
-                               uint32_t kernel, clef_tt_tensor **out, clef_tt_tensor **carry_out);
+int clef_tt_causal_conv1d_silu(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
+                               const clef_tt_tensor *carry, uint32_t kernel, clef_tt_tensor **out,
+                               clef_tt_tensor **carry_out);
 /* beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias), fp32. */
 int clef_tt_delta_gates(clef_tt_mesh *mesh, const clef_tt_tensor *a, const clef_tt_tensor *b,
                         const clef_tt_tensor *a_log, const clef_tt_tensor *dt_bias,
@@ -331,10 +329,10 @@ typedef struct clef_tt_delta_spec {
 /* The gated delta rule over [q | k | v] (q, k L2-normalised inside, q scaled key_dim^-0.5),
  * with the fp32 state [value_heads * key_dim, value_dim] (null = zeros). Writes the core output
  * [rows, value_heads * value_dim] and the final state. */
-int clef_tt_gated_delta_rule(clef_tt_mesh *mesh, const clef_tt_tensor *qkv,
-                             const clef_tt_tensor *g, const clef_tt_tensor *beta,
-                             const clef_tt_tensor *state, const clef_tt_delta_spec *spec,
-                             clef_tt_tensor **out, clef_tt_tensor **state_out);
+int clef_tt_gated_delta_rule(clef_tt_mesh *mesh, const clef_tt_tensor *qkv, const clef_tt_tensor *g,
+                             const clef_tt_tensor *beta, const clef_tt_tensor *state,
+                             const clef_tt_delta_spec *spec, clef_tt_tensor **out,
+                             clef_tt_tensor **state_out);
 /* w * x / rms(x) * silu(z) per group. */
 int clef_tt_gated_rms_norm(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *z,
                            const clef_tt_tensor *w, uint32_t group, float eps,
@@ -355,10 +353,9 @@ int clef_tt_rotary(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_te
                    clef_tt_tensor **out);
 /* Bidirectional attention inside each segment; `segments` holds n (start, end) row pairs that
  * cover the rows in order. */
-int clef_tt_segment_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q,
-                              const clef_tt_tensor *k, const clef_tt_tensor *v, uint32_t heads,
-                              uint32_t head_dim, const uint32_t *segments, uint32_t n,
-                              clef_tt_tensor **out);
+int clef_tt_segment_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q, const clef_tt_tensor *k,
+                              const clef_tt_tensor *v, uint32_t heads, uint32_t head_dim,
+                              const uint32_t *segments, uint32_t n, clef_tt_tensor **out);
 /* Every `group` consecutive rows joined into one: [rows, cols] → [rows/group, cols*group]. */
 int clef_tt_fold_rows(clef_tt_mesh *mesh, const clef_tt_tensor *x, uint32_t group,
                       clef_tt_tensor **out);

@@ -105,8 +105,7 @@ class DeviceMesh {
   virtual StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
                               bool one_plus) = 0;
   virtual StoragePtr swiglu(const TensorView& gate_up) = 0;
-  virtual StoragePair split_query_gate(const TensorView& qg, uint32_t heads,
-                                       uint32_t head_dim) = 0;
+  virtual StoragePair split_query_gate(const TensorView& qg, uint32_t heads, uint32_t head_dim) = 0;
   virtual StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
                           uint32_t head_dim) = 0;
   // `cache` may be null; the rows hold `heads` heads (a KV cache).
@@ -120,14 +119,14 @@ class DeviceMesh {
   virtual StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w,
                                          const TensorView* carry, uint32_t kernel) = 0;
   // Returns g and beta.
-  virtual StoragePair delta_gates(const TensorView& a, const TensorView& b,
-                                  const TensorView& a_log, const TensorView& dt_bias) = 0;
+  virtual StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
+                                  const TensorView& dt_bias) = 0;
   // `state` may be null (zeros). Returns the core output and the final state.
   virtual StoragePair gated_delta_rule(const TensorView& qkv, const TensorView& g,
                                        const TensorView& beta, const TensorView* state,
                                        const clef_tt_delta_spec& spec) = 0;
-  virtual StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z,
-                                    const TensorView& w, uint32_t group, float eps) = 0;
+  virtual StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
+                                    uint32_t group, float eps) = 0;
 
   virtual StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
                                 float eps) = 0;

@@ -33,6 +33,7 @@ pub struct Snapshot {
     pub tokens: u64,
     pub abandoned: u64,
     pub cancelled: u64,
+    pub packed: u64,
     pub panics: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -146,6 +147,12 @@ impl Metrics {
                 "Running requests stopped between prefill chunks because the client left.",
                 "counter",
                 s.cancelled as f64,
+            ),
+            (
+                "clef_packed_requests_total",
+                "Requests answered from a prefill pass shared with other requests (packed).",
+                "counter",
+                s.packed as f64,
             ),
             (
                 "clef_worker_panics_total",

@@ -96,6 +96,7 @@ impl AppState {
             tokens: s.tokens.load(Ordering::Relaxed),
             abandoned: s.abandoned.load(Ordering::Relaxed),
             cancelled: s.cancelled.load(Ordering::Relaxed),
+            packed: s.packed.load(Ordering::Relaxed),
             panics: s.panics.load(Ordering::Relaxed),
             cache_hits: s.prefix_cache.hits.load(Ordering::Relaxed),
             cache_misses: s.prefix_cache.misses.load(Ordering::Relaxed),

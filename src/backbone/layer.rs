@@ -8,10 +8,12 @@
 //! definition the layer ops are tested against.
 
 use super::weights::{LayerWeights, MixerWeights};
-use super::{Backbone, Collective, LayerState, PrefillError, TraceFn};
+use super::{Backbone, Collective, LayerState, Mixed, PrefillError, TraceFn};
 use clef_device::{AttentionLayer, DeltaNetLayer, GatherAxis, MeshOps, MlpLayer};
 
 type Prev<'a, T> = Option<&'a LayerState<T>>;
+/// What each request of a pass gives one layer: that layer's state, if any.
+type Prevs<'a, 'b, T> = &'b [Prev<'a, T>];
 
 impl<B: MeshOps> Backbone<B> {
     /// Whether layer `i`'s row-parallel outputs are all-reduced.
@@ -34,19 +36,22 @@ impl<B: MeshOps> Backbone<B> {
         Ok(x)
     }
 
-    /// Layer `i`'s mixer sublayer on the residual stream `h`: the new stream and the layer's
-    /// state. `layer_ops`: offer it to the mesh as a layer op first.
+    /// Layer `i`'s mixer sublayer on the residual stream `h` of the requests at `ranges`
+    /// (`prev`: each one's earlier state of the layer): the new stream and each request's
+    /// state of the layer. `layer_ops`: offer a pass of one request to the mesh as a layer op
+    /// first.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mixer(
         &self,
         i: usize,
         h: &B::Tensor,
         lw: &LayerWeights<B::Weight>,
-        prev: Prev<'_, B::Tensor>,
+        prev: Prevs<'_, '_, B::Tensor>,
+        ranges: &[std::ops::Range<usize>],
         positions: &[[u32; 3]],
         layer_ops: bool,
         trace: &mut TraceFn,
-    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+    ) -> Result<Mixed<B::Tensor>, PrefillError> {
         let m = &self.mesh;
         let eps = self.config.rms_norm_eps;
         let wrong = |what: &str| {
@@ -61,13 +66,17 @@ impl<B: MeshOps> Backbone<B> {
                 k_norm,
                 o_proj,
             } => {
-                let cache = match prev {
-                    Some(LayerState::Attention { keys, values }) => Some((keys, values)),
-                    None => None,
-                    Some(_) => return Err(wrong("DeltaNet")),
-                };
+                let caches = prev
+                    .iter()
+                    .map(|p| match p {
+                        Some(LayerState::Attention { keys, values }) => Ok(Some((keys, values))),
+                        None => Ok(None),
+                        Some(_) => Err(wrong("DeltaNet")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
                 let spec = self.attention_spec();
-                if layer_ops {
+                if let (true, [cache]) = (layer_ops, &caches[..]) {
+                    let cache = *cache;
                     let layer = AttentionLayer {
                         h,
                         norm: &lw.input_norm,
@@ -84,7 +93,7 @@ impl<B: MeshOps> Backbone<B> {
                     };
                     if let Some(done) = m.attention_layer(&layer) {
                         let [h, keys, values] = done?;
-                        return Ok((h, LayerState::Attention { keys, values }));
+                        return Ok((h, vec![LayerState::Attention { keys, values }]));
                     }
                 }
                 let x = self.norm_traced(
@@ -93,7 +102,9 @@ impl<B: MeshOps> Backbone<B> {
                     &lw.input_norm,
                     trace,
                 )?;
-                self.attention(i, &x, qkv, q_norm, k_norm, o_proj, cache, positions, trace)?
+                self.attention(
+                    i, &x, qkv, q_norm, k_norm, o_proj, &caches, ranges, positions, trace,
+                )?
             }
             MixerWeights::DeltaNet {
                 in_proj,
@@ -103,12 +114,18 @@ impl<B: MeshOps> Backbone<B> {
                 norm,
                 out_proj,
             } => {
-                let carried = match prev {
-                    Some(LayerState::DeltaNet { conv, recurrent }) => Some((conv, recurrent)),
-                    None => None,
-                    Some(_) => return Err(wrong("attention")),
-                };
-                if layer_ops {
+                let carried = prev
+                    .iter()
+                    .map(|p| match p {
+                        Some(LayerState::DeltaNet { conv, recurrent }) => {
+                            Ok(Some((conv, recurrent)))
+                        }
+                        None => Ok(None),
+                        Some(_) => Err(wrong("attention")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let (true, [carried]) = (layer_ops, &carried[..]) {
+                    let carried = *carried;
                     let layer = DeltaNetLayer {
                         h,
                         norm: &lw.input_norm,
@@ -125,7 +142,7 @@ impl<B: MeshOps> Backbone<B> {
                     };
                     if let Some(done) = m.delta_net_layer(&layer) {
                         let [h, conv, recurrent] = done?;
-                        return Ok((h, LayerState::DeltaNet { conv, recurrent }));
+                        return Ok((h, vec![LayerState::DeltaNet { conv, recurrent }]));
                     }
                 }
                 let x = self.norm_traced(
@@ -135,7 +152,7 @@ impl<B: MeshOps> Backbone<B> {
                     trace,
                 )?;
                 self.delta_net(
-                    i, &x, in_proj, conv, a_log, dt_bias, norm, out_proj, carried, trace,
+                    i, &x, in_proj, conv, a_log, dt_bias, norm, out_proj, &carried, ranges, trace,
                 )?
             }
         };

@@ -20,6 +20,8 @@ use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
+use std::borrow::Cow;
+use std::ops::Range;
 pub use weights::{count_weights, visit_weights, PlacedWeights, WeightFormats};
 use weights::{LayerWeights, MixerWeights};
 
@@ -51,6 +53,19 @@ pub struct PrefillState<T> {
     pub position: usize,
     pub layers: Vec<LayerState<T>>,
 }
+
+/// One request's rows in a packed pass ([`Backbone::prefill_segments`]): `rows` consecutive
+/// rows continuing `start` (the state its earlier rows left, or none at its first token).
+pub struct Segment<'a, T> {
+    pub rows: usize,
+    pub start: Option<&'a PrefillState<T>>,
+}
+
+/// A sublayer's new residual stream and each request's state of the layer.
+type Mixed<T> = (T, Vec<LayerState<T>>);
+
+/// A pass's final rows and each request's state at its end.
+pub type PassResult<T> = (HostTensor, Vec<PrefillState<T>>);
 
 /// One layer's state in Hugging Face's layout (devices joined), for checks and snapshots.
 #[derive(Clone, Debug, PartialEq)]
@@ -293,8 +308,33 @@ impl<B: MeshOps> Backbone<B> {
         embedded: &HostTensor,
         positions: &[[u32; 3]],
         state: Option<&PrefillState<B::Tensor>>,
-        mut tracer: Option<Tracer>,
+        tracer: Option<Tracer>,
     ) -> Result<(HostTensor, PrefillState<B::Tensor>), PrefillError> {
+        let one = Segment {
+            rows: embedded.rows,
+            start: state,
+        };
+        let (hidden, mut states) = self.prefill_segments(embedded, positions, &[one], tracer)?;
+        let state = states
+            .pop()
+            .ok_or_else(|| PrefillError::State("a pass without a state".into()))?;
+        Ok((hidden, state))
+    }
+
+    /// One pass over the rows of several requests (`segments`, in row order; one segment is an
+    /// ordinary prefill): every row-wise op (norms, projections, gates, the MLP) runs once
+    /// over all rows, and the ops that mix tokens over time run per request on its own rows
+    /// and state: the causal conv from its carry, the delta rule from its recurrent state,
+    /// the KV append and causal attention over its own keys. Positions are per row. Returns
+    /// the final rows of all segments and each segment's state. A pass of several segments
+    /// needs a mesh that [`MeshOps::packs_rows`]; it composes the mixers from the fine ops.
+    pub fn prefill_segments(
+        &self,
+        embedded: &HostTensor,
+        positions: &[[u32; 3]],
+        segments: &[Segment<'_, B::Tensor>],
+        mut tracer: Option<Tracer>,
+    ) -> Result<PassResult<B::Tensor>, PrefillError> {
         let m = &self.mesh;
         let cfg = &self.config;
         let t = embedded.rows;
@@ -304,7 +344,20 @@ impl<B: MeshOps> Backbone<B> {
                 positions.len()
             )));
         }
-        if let Some(s) = state {
+        let rows: usize = segments.iter().map(|s| s.rows).sum();
+        if segments.is_empty() || rows != t || segments.iter().any(|s| s.rows == 0) {
+            return Err(PrefillError::State(format!(
+                "segments of {:?} rows for {t} tokens",
+                segments.iter().map(|s| s.rows).collect::<Vec<_>>()
+            )));
+        }
+        if segments.len() > 1 && !m.packs_rows() {
+            return Err(PrefillError::State(format!(
+                "the {} backend does not run packed passes",
+                m.backend_name()
+            )));
+        }
+        for s in segments.iter().filter_map(|s| s.start) {
             if s.layers.len() != self.layers.len() {
                 return Err(PrefillError::State(format!(
                     "a state of {} layers for a model of {}",
@@ -312,6 +365,12 @@ impl<B: MeshOps> Backbone<B> {
                     self.layers.len()
                 )));
             }
+        }
+        let mut ranges = Vec::with_capacity(segments.len());
+        let mut from = 0;
+        for s in segments {
+            ranges.push(from..from + s.rows);
+            from += s.rows;
         }
         // Layer ops (one backend call per sublayer) unless intermediates are traced: the
         // tracer names the fine ops' results.
@@ -325,27 +384,36 @@ impl<B: MeshOps> Backbone<B> {
         };
         let eps = cfg.rms_norm_eps;
         let mut h = m.replicate(embedded)?;
-        let mut next_layers = Vec::with_capacity(self.layers.len());
+        let mut next: Vec<Vec<LayerState<B::Tensor>>> = segments
+            .iter()
+            .map(|_| Vec::with_capacity(self.layers.len()))
+            .collect();
         for (i, lw) in self.layers.iter().enumerate() {
-            let prev = state.map(|s| &s.layers[i]);
-            let (mixed_h, layer_state) =
-                self.mixer(i, &h, lw, prev, positions, layer_ops, &mut trace)?;
+            let prev: Vec<_> = segments
+                .iter()
+                .map(|s| s.start.map(|s| &s.layers[i]))
+                .collect();
+            let (mixed_h, states) =
+                self.mixer(i, &h, lw, &prev, &ranges, positions, layer_ops, &mut trace)?;
             h = self.mlp(i, &mixed_h, lw, layer_ops, &mut trace)?;
             trace(format!("layers.{i}.out"), &|| {
                 m.gather(&h, GatherAxis::Cols)
             });
-            next_layers.push(layer_state);
+            for (n, state) in next.iter_mut().zip(states) {
+                n.push(state);
+            }
         }
         let y = m.rms_norm(&h, &self.final_norm, cfg.hidden_size, eps, true)?;
         let hidden = m.gather(&y, GatherAxis::Cols)?;
-        let position = state.map_or(0, |s| s.position) + t;
-        Ok((
-            hidden,
-            PrefillState {
-                position,
-                layers: next_layers,
-            },
-        ))
+        let states = segments
+            .iter()
+            .zip(next)
+            .map(|(s, layers)| PrefillState {
+                position: s.start.map_or(0, |p| p.position) + s.rows,
+                layers,
+            })
+            .collect();
+        Ok((hidden, states))
     }
 
     /// Complete layer `i`'s row-parallel output with the collective the plan names.
@@ -365,10 +433,11 @@ impl<B: MeshOps> Backbone<B> {
         q_norm: &B::Weight,
         k_norm: &B::Weight,
         o_proj: &B::Weight,
-        cache: Option<(&B::Tensor, &B::Tensor)>,
+        caches: &[Option<(&B::Tensor, &B::Tensor)>],
+        ranges: &[Range<usize>],
         positions: &[[u32; 3]],
         trace: &mut TraceFn,
-    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+    ) -> Result<Mixed<B::Tensor>, PrefillError> {
         let m = &self.mesh;
         let cfg = &self.config;
         let spec = self.attention_spec();
@@ -390,16 +459,51 @@ impl<B: MeshOps> Backbone<B> {
         trace(format!("{p}.k_norm"), &|| m.gather(&k, GatherAxis::Cols));
         let q = m.rope(&q, &self.rope_spec(spec.heads), positions)?;
         let k = m.rope(&k, &self.rope_spec(spec.kv_heads), positions)?;
-        let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
-        let values = m.append_rows(cache.map(|c| c.1), v, spec.kv_heads)?;
-        let attn = m.causal_attention(&q, &keys, &values, &spec)?;
+        // Per request: its keys and values after its cached ones, its queries over them.
+        let mut outs = Vec::with_capacity(ranges.len());
+        let mut states = Vec::with_capacity(ranges.len());
+        for (cache, r) in caches.iter().zip(ranges) {
+            let [q, k, v] = self.segment_rows([&q, &k, v], r, ranges.len())?;
+            let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
+            let values = m.append_rows(cache.map(|c| c.1), &v, spec.kv_heads)?;
+            outs.push(m.causal_attention(&q, &keys, &values, &spec)?);
+            states.push(LayerState::Attention { keys, values });
+        }
+        let attn = self.join_rows(outs)?;
         let gated = m.mul_sigmoid(&attn, &gate)?;
         trace(format!("{p}.o_proj.in0"), &|| {
             m.gather(&gated, GatherAxis::Cols)
         });
         let out = self.reduce(i, m.linear(&gated, o_proj)?)?;
         trace(p.to_string(), &|| m.gather(&out, GatherAxis::Cols));
-        Ok((out, LayerState::Attention { keys, values }))
+        Ok((out, states))
+    }
+
+    /// Rows `r` of each of `xs` for one request of a pass of `segments` requests (the
+    /// tensors themselves when the pass has one).
+    fn segment_rows<'t, const N: usize>(
+        &self,
+        xs: [&'t B::Tensor; N],
+        r: &Range<usize>,
+        segments: usize,
+    ) -> Result<[Cow<'t, B::Tensor>; N], DeviceError> {
+        let mut out = xs.map(Cow::Borrowed);
+        if segments > 1 {
+            for c in out.iter_mut() {
+                *c = Cow::Owned(self.mesh.slice_rows(c.as_ref(), r.clone())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The per-request results of a pass joined by rows (the one result of a pass of one).
+    fn join_rows(&self, mut parts: Vec<B::Tensor>) -> Result<B::Tensor, DeviceError> {
+        if parts.len() == 1 {
+            if let Some(one) = parts.pop() {
+                return Ok(one);
+            }
+        }
+        self.mesh.concat_rows(&parts)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -413,9 +517,10 @@ impl<B: MeshOps> Backbone<B> {
         dt_bias: &B::Weight,
         norm: &B::Weight,
         out_proj: &B::Weight,
-        carried: Option<(&B::Tensor, &B::Tensor)>,
+        carried: &[Option<(&B::Tensor, &B::Tensor)>],
+        ranges: &[Range<usize>],
         trace: &mut TraceFn,
-    ) -> Result<(B::Tensor, LayerState<B::Tensor>), PrefillError> {
+    ) -> Result<Mixed<B::Tensor>, PrefillError> {
         let m = &self.mesh;
         let spec = self.delta_spec();
         let (kd, vd, nv) = (
@@ -433,11 +538,23 @@ impl<B: MeshOps> Backbone<B> {
         trace(format!("{p}.in_proj_z"), &|| m.gather(z, GatherAxis::Cols));
         trace(format!("{p}.in_proj_b"), &|| m.gather(b, GatherAxis::Cols));
         trace(format!("{p}.in_proj_a"), &|| m.gather(a, GatherAxis::Cols));
-        let (conv_out, conv_carry) =
-            m.causal_conv1d_silu(qkv, conv, carried.map(|c| c.0), spec.conv_kernel)?;
         let (g, beta) = m.delta_gates(a, b, a_log, dt_bias)?;
-        let (core, recurrent) =
-            m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
+        // Per request: the conv from its carry, the delta rule from its state, on its rows.
+        let mut cores = Vec::with_capacity(ranges.len());
+        let mut states = Vec::with_capacity(ranges.len());
+        for (carried, r) in carried.iter().zip(ranges) {
+            let [qkv, g, beta] = self.segment_rows([qkv, &g, &beta], r, ranges.len())?;
+            let (conv_out, conv_carry) =
+                m.causal_conv1d_silu(&qkv, conv, carried.map(|c| c.0), spec.conv_kernel)?;
+            let (core, recurrent) =
+                m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
+            cores.push(core);
+            states.push(LayerState::DeltaNet {
+                conv: conv_carry,
+                recurrent,
+            });
+        }
+        let core = self.join_rows(cores)?;
         let dv = spec.value_dim;
         trace(format!("{p}.norm.in0"), &|| {
             per_head_rows(m.gather(&core, GatherAxis::Cols)?, dv)
@@ -454,13 +571,7 @@ impl<B: MeshOps> Backbone<B> {
         });
         let out = self.reduce(i, m.linear(&normed, out_proj)?)?;
         trace(p.to_string(), &|| m.gather(&out, GatherAxis::Cols));
-        Ok((
-            out,
-            LayerState::DeltaNet {
-                conv: conv_carry,
-                recurrent,
-            },
-        ))
+        Ok((out, states))
     }
 
     /// The per-device attention shape under the plan.

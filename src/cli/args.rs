@@ -203,7 +203,7 @@ impl LengthArgs {
     }
 }
 
-/// Bounds on images and videos (README, "Configuration").
+/// Bounds on images and videos (docs/serving.md, "Configuration").
 #[derive(clap::Args)]
 pub struct MediaArgs {
     /// Images per request.
@@ -326,10 +326,19 @@ pub struct ServeArgs {
     /// The device deadline, in seconds: a worker whose device makes no progress (a request's
     /// start, each prefill chunk) for this long turns /health to 503, every decision gets a
     /// 503, and the server exits with status 75 after its shutdown timeout, for its
-    /// supervisor to reset the chips and restart it. Default: 300 on `tt` (README, "A hung
-    /// device"), none on the CPU; 0 turns it off.
+    /// supervisor to reset the chips and restart it. Default: 300 on `tt`
+    /// (docs/reliability.md, "A hung device"), none on the CPU; 0 turns it off.
     #[arg(long, env = "CLEF_DEVICE_TIMEOUT", value_name = "SECONDS")]
     pub device_timeout: Option<f64>,
+    /// Prompt tokens of one packed prefill pass: a worker packs the short requests queued
+    /// together into one pass of at most this many tokens (0 turns packing off). Default:
+    /// 2048 on the CPU, 1024 (one prefill chunk) on `tt`.
+    #[arg(long, env = "CLEF_PACK_TOKENS", value_name = "TOKENS")]
+    pub pack_tokens: Option<usize>,
+    /// Milliseconds a worker that took a request waits for more to pack with it (0: it packs
+    /// what is queued and waits for no one).
+    #[arg(long, env = "CLEF_PACK_WAIT_MS", default_value_t = 0)]
+    pub pack_wait_ms: u64,
     /// State prefixes each worker keeps (0 disables the prefix cache).
     #[arg(long, env = "CLEF_PREFIX_CACHE", default_value_t = 4)]
     pub prefix_cache: usize,
@@ -337,7 +346,7 @@ pub struct ServeArgs {
     /// available at start.
     #[arg(long, env = "CLEF_PREFIX_CACHE_BYTES", value_parser = parse_bytes)]
     pub prefix_cache_bytes: Option<usize>,
-    /// Cache prefixes at whole prefill passes (see README, "Prefix cache").
+    /// Cache prefixes at whole prefill passes (see docs/prefix-cache.md, "Prefix cache").
     #[arg(long, env = "CLEF_PLANNER", value_parser = parse_flag, action = clap::ArgAction::Set, default_value = "0")]
     pub planner: bool,
 }

@@ -49,6 +49,17 @@ pub struct HttpBenchOptions {
     /// Stop taking new samples after this many seconds.
     #[arg(long, default_value_t = 900.0)]
     pub max_seconds: f64,
+    /// Throughput on short states instead: every request a state of its own of about this
+    /// many input tokens, with three questions (0: the `--states` cycle of 6-question bodies).
+    #[arg(long, default_value_t = 0)]
+    pub short_tokens: usize,
+    /// Measure throughput only (no latency cases).
+    #[arg(long)]
+    pub skip_latency: bool,
+    /// A second server (the same model, another setting, e.g. packing off) measured in the
+    /// same run: each client count runs against `--url`, then against this one.
+    #[arg(long)]
+    pub compare: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -72,6 +83,8 @@ pub struct LatencyRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ThroughputRow {
+    /// Which server: its URL and packing budget (`pack_tokens`, 0 = off).
+    pub server: String,
     pub clients: usize,
     pub requests: usize,
     pub ok: usize,
@@ -171,6 +184,14 @@ fn six_questions() -> Value {
         "escalate": {"type": "score", "instructions": "Should a manager see it?",
                      "criteria": ["No", "Maybe", "Yes"]}
     })
+}
+
+fn three_questions() -> Value {
+    let mut q = six_questions();
+    if let Some(m) = q.as_object_mut() {
+        m.retain(|k, _| ["team", "urgency", "outage"].contains(&k.as_str()));
+    }
+    q
 }
 
 fn five_questions() -> Value {
@@ -290,6 +311,18 @@ fn latency_case(
     })
 }
 
+/// Words that make a request of about `target` input tokens with `questions`, from two probes
+/// of the server's token count.
+fn words_for_input(client: &Client, target: usize, questions: &Value) -> anyhow::Result<usize> {
+    let count = |words: usize| -> anyhow::Result<f64> {
+        let (_, v) = send(client, &body(&state_text(words, 2), questions, false))?;
+        Ok(input_tokens(&v) as f64)
+    };
+    let (a, b) = (count(50)?, count(300)?);
+    let per_word = ((b - a) / 250.0).max(0.1);
+    Ok((50.0 + (target as f64 - a) / per_word).max(1.0) as usize)
+}
+
 /// Words that make a state of about `target` state tokens (tokens the state adds to a prompt),
 /// from two probes of the server's token count.
 fn words_for_tokens(client: &Client, target: usize, questions: &Value) -> anyhow::Result<usize> {
@@ -305,6 +338,7 @@ fn words_for_tokens(client: &Client, target: usize, questions: &Value) -> anyhow
 /// Requests per second with `clients` concurrent clients.
 fn throughput(
     client: &Client,
+    server: &str,
     clients: usize,
     bodies: &[Vec<u8>],
     requests: usize,
@@ -334,6 +368,7 @@ fn throughput(
     let ok: Vec<f64> = results.iter().filter(|r| r.0 == 200).map(|r| r.1).collect();
     let refused = results.iter().filter(|r| r.0 == 429).count();
     ThroughputRow {
+        server: server.to_string(),
         clients,
         requests,
         ok: ok.len(),
@@ -346,7 +381,14 @@ fn throughput(
     }
 }
 
-pub fn run(client: &Client, url: &str, o: &HttpBenchOptions) -> anyhow::Result<HttpBenchReport> {
+/// The latency cases and throughput table of the server at `url` (and the throughput of
+/// `compare`, the server at `o.compare`, beside it).
+pub fn run(
+    client: &Client,
+    url: &str,
+    o: &HttpBenchOptions,
+    compare: Option<&Client>,
+) -> anyhow::Result<HttpBenchReport> {
     let budget = Budget {
         start: Instant::now(),
         seconds: o.max_seconds,
@@ -360,22 +402,95 @@ pub fn run(client: &Client, url: &str, o: &HttpBenchOptions) -> anyhow::Result<H
     let limit = card["limits"]["max_state_tokens"].as_u64().unwrap_or(16384) as usize;
     let (six, five) = (six_questions(), five_questions());
     let mut latency = Vec::new();
+    if !o.skip_latency {
+        latency = latency_cases(client, &budget, o, limit, &six, &five)?;
+    }
+    // The servers measured, as (client, label).
+    let mut servers = vec![(client, server_label(url, &card))];
+    if let (Some(second), Some(other)) = (compare, &o.compare) {
+        let (status, text) = second.get("/v1/models")?;
+        if status != 200 {
+            bail!("GET {other}/v1/models answered {status}: {text}");
+        }
+        let card2: Value = serde_json::from_str(&text)?;
+        servers.push((second, server_label(other, &card2["models"][0])));
+    }
+    let bodies: Vec<Vec<u8>> = if o.short_tokens > 0 {
+        // Distinct short states: every request of every pass its own (no prefix is shared).
+        let three = three_questions();
+        let words = words_for_input(client, o.short_tokens, &three)?;
+        let total = 2 * o.requests * o.clients.len() * servers.len();
+        (0..total.max(1))
+            .map(|i| body(&state_text(words, 200_000 + i as u64), &three, false))
+            .collect()
+    } else {
+        (0..o.states.max(1))
+            .map(|i| body(&state_text(60, 50_000 + i as u64), &six, false))
+            .collect()
+    };
+    let mut used = 0;
+    let mut rows = Vec::new();
+    for &clients in &o.clients {
+        for &(c, ref label) in &servers {
+            if !budget.left() {
+                tracing::warn!("time budget spent: skipping {clients} clients on {label}");
+                continue;
+            }
+            // Each pass takes the next bodies (distinct states stay distinct across passes).
+            let mut pass = || {
+                let slice: Vec<Vec<u8>> = (0..o.requests)
+                    .map(|i| bodies[(used + i) % bodies.len()].clone())
+                    .collect();
+                used += o.requests;
+                slice
+            };
+            eprintln!("throughput: {clients} clients on {label}, untimed pass");
+            throughput(c, label, clients, &pass(), o.requests);
+            eprintln!("throughput: {clients} clients on {label}, timed pass");
+            rows.push(throughput(c, label, clients, &pass(), o.requests));
+        }
+    }
+    Ok(HttpBenchReport {
+        url: url.to_string(),
+        model: json!({"name": card["name"], "precision": card["precision"], "mesh": card["mesh"],
+                      "workers": card["workers"], "prefix_cache": card["prefix_cache"],
+                      "cpu_kernels": card["cpu_kernels"]}),
+        latency,
+        throughput: rows,
+    })
+}
+
+/// A server's label in the throughput table: its URL and packing budget.
+fn server_label(url: &str, card: &Value) -> String {
+    format!("{url} (pack_tokens {})", card["limits"]["pack_tokens"])
+}
+
+/// The latency cases: a short state, a long one and optionally one at the state limit.
+fn latency_cases(
+    client: &Client,
+    budget: &Budget,
+    o: &HttpBenchOptions,
+    limit: usize,
+    six: &Value,
+    five: &Value,
+) -> anyhow::Result<Vec<LatencyRow>> {
+    let mut latency = Vec::new();
     latency.push(latency_case(
         client,
-        &budget,
+        budget,
         "short state",
-        &six,
+        six,
         false,
         o.warmup,
         o.samples,
         &|seed| state_text(40, seed),
     )?);
-    let words = words_for_tokens(client, o.long_tokens, &five)?;
+    let words = words_for_tokens(client, o.long_tokens, five)?;
     latency.push(latency_case(
         client,
-        &budget,
+        budget,
         &format!("{}-token state", o.long_tokens),
-        &five,
+        five,
         false,
         o.warmup,
         o.samples,
@@ -386,36 +501,16 @@ pub fn run(client: &Client, url: &str, o: &HttpBenchOptions) -> anyhow::Result<H
         let over = limit + limit / 4;
         latency.push(latency_case(
             client,
-            &budget,
+            budget,
             &format!("state piece at the {limit}-token limit"),
-            &five,
+            five,
             true,
             o.limit_warmup,
             o.limit_samples,
             &|seed| state_text(over, seed),
         )?);
     }
-    let bodies: Vec<Vec<u8>> = (0..o.states.max(1))
-        .map(|i| body(&state_text(60, 50_000 + i as u64), &six, false))
-        .collect();
-    let mut rows = Vec::new();
-    for &clients in &o.clients {
-        if !budget.left() {
-            tracing::warn!("time budget spent: skipping {clients} clients");
-            continue;
-        }
-        eprintln!("throughput: {clients} clients, untimed pass");
-        throughput(client, clients, &bodies, o.requests);
-        eprintln!("throughput: {clients} clients, timed pass");
-        rows.push(throughput(client, clients, &bodies, o.requests));
-    }
-    Ok(HttpBenchReport {
-        url: url.to_string(),
-        model: json!({"name": card["name"], "precision": card["precision"], "mesh": card["mesh"],
-                      "workers": card["workers"], "prefix_cache": card["prefix_cache"]}),
-        latency,
-        throughput: rows,
-    })
+    Ok(latency)
 }
 
 /// The report as markdown tables.
@@ -438,10 +533,11 @@ pub fn markdown(r: &HttpBenchReport) -> String {
         ));
     }
     if !r.throughput.is_empty() {
-        s.push_str("\n| clients | requests | ok | 429 | failed | seconds | requests/s | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("\n| server | clients | requests | ok | 429 | failed | seconds | requests/s | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for t in &r.throughput {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.0} |\n",
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.0} |\n",
+                t.server,
                 t.clients,
                 t.requests,
                 t.ok,

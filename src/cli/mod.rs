@@ -10,6 +10,8 @@ pub mod bench_http;
 pub mod convert;
 pub mod decide;
 pub mod device;
+#[cfg(test)]
+mod doc_commands;
 pub mod eval;
 pub mod http_client;
 pub mod inspect;
@@ -444,7 +446,11 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Http { url, options, json } => {
             let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
-            let report = bench_http::run(&client, &url, &options)?;
+            let compare = options
+                .compare
+                .as_ref()
+                .map(|other| http_client::Client::new(other, api_key(), HTTP_TIMEOUT));
+            let report = bench_http::run(&client, &url, &options, compare.as_ref())?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)?)
                     .with_context(|| format!("writing {}", path.display()))?;

@@ -13,7 +13,7 @@ use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStats, PREFIX_ALIGN};
-use clef_tt::engine::worker::Engine;
+use clef_tt::engine::worker::{Engine, Packing};
 use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
 use clef_tt::precision::Precision;
 use clef_tt::request::{parse_body, validate, HostLimits};
@@ -61,9 +61,31 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// The device deadline (`None`: none).
     pub device_timeout: Option<Duration>,
+    /// How workers pack queued requests into shared prefill passes.
+    pub packing: Packing,
 }
 
-/// The device deadline on a Tenstorrent device unless one is set (README, "A hung device"): the
+/// Most requests a worker takes at once to pack.
+pub const PACK_MAX_REQUESTS: usize = 16;
+
+/// `--pack-tokens` and `--pack-wait-ms`: the tokens asked, else 2,048 on the CPU and one
+/// prefill chunk on `tt` (the rows the device path is sized for).
+fn packing(tokens: Option<usize>, wait_ms: u64, device: &Device) -> Packing {
+    let tokens = tokens.unwrap_or(match device {
+        Device::Tt(_) => PREFILL_CHUNK,
+        _ => 2 * PREFILL_CHUNK,
+    });
+    match tokens {
+        0 => Packing::OFF,
+        tokens => Packing {
+            tokens,
+            max_jobs: PACK_MAX_REQUESTS,
+            wait: Duration::from_millis(wait_ms),
+        },
+    }
+}
+
+/// The device deadline on a Tenstorrent device unless one is set (docs/reliability.md, "A hung device"): the
 /// longest legal time between two progress marks on a P150x2 is a 1,024-token chunk (0.34 s of
 /// device time as the port measured it) plus, on a cold kernel cache, compiling the programs a
 /// new chunk shape needs (~60-120 s): 300 s is 2.5x that.
@@ -91,6 +113,7 @@ impl ServeOptions {
         let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
         let device = a.model.device.resolve_for_serving()?;
         let device_timeout = device_timeout(a.device_timeout, &device)?;
+        let packing = packing(a.pack_tokens, a.pack_wait_ms, &device);
         let parent = match &a.parent_mesh {
             Some(p) => Some(p.parse::<MeshShape>()?),
             None => None,
@@ -137,6 +160,7 @@ impl ServeOptions {
             ready_message: a.ready_message.filter(|m| !m.is_empty()),
             shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
             device_timeout,
+            packing,
             prefix_cache: PrefixCacheOptions {
                 slots: a.prefix_cache,
                 max_bytes: a.prefix_cache_bytes,
@@ -318,6 +342,8 @@ fn card(
         "limits": {
             "max_state_tokens": max_state, "max_tail_tokens": max_tail,
             "truncate_states": truncate, "max_queue": o.max_queue,
+            "pack_tokens": o.packing.tokens, "pack_max_requests": o.packing.max_jobs,
+            "pack_wait_ms": o.packing.wait.as_millis() as u64,
             "max_body_bytes": o.max_body_bytes, "max_questions": limits.max_questions,
             "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
             "max_id_chars": limits.max_id_chars, "strict": limits.strict,
@@ -568,7 +594,7 @@ where
     } else {
         None
     };
-    let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout);
+    let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout, o.packing);
     let card = card(o, &ckpt, &limits, &cache_plan);
     let settings = server_settings(o, &ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);
@@ -716,6 +742,7 @@ mod tests {
             ready_message: None,
             shutdown_timeout: Duration::from_secs(90),
             device_timeout: None,
+            packing: Packing::OFF,
         }
     }
 

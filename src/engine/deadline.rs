@@ -5,7 +5,7 @@
 //! every prefill chunk boundary (1,024 tokens) and when it ends. A watchdog thread looks at every
 //! busy worker a few times per deadline; one that has made no progress for longer than the
 //! deadline makes the engine *hung*, for good:
-//! - the watchdog answers that worker's request with a 503 (the worker never will; should it
+//! - the watchdog answers that worker's requests (one, or a packed pass's) with a 503 (the worker never will; should it
 //!   come back after all, its late answer is dropped), and every queued request too;
 //! - the engine refuses new requests ([`super::worker::SubmitError::DeviceHung`], a 503 with
 //!   `Retry-After`) and `/health` answers 503 with the reason, so a balancer takes the replica
@@ -31,28 +31,41 @@ pub type Reply = oneshot::Sender<Result<Decision, RequestError>>;
 /// The `kind` of the 503 a hung device answers with.
 pub const DEVICE_UNAVAILABLE: &str = "device_unavailable";
 
-/// One worker's progress, and the reply of the request it runs.
+/// One worker's progress, and the replies of the requests it runs (one, or the requests of a
+/// packed pass).
 #[derive(Default)]
 pub struct Beacon {
-    /// A request the deadline bounds is running (not the warm-up, not idle).
+    /// Requests the deadline bounds are running (not the warm-up, not idle).
     bounded: AtomicBool,
     /// Milliseconds since the deadline's epoch when the worker last made progress.
     last_beat: AtomicU64,
-    reply: Mutex<Option<Reply>>,
+    replies: Mutex<Vec<Option<Reply>>>,
 }
 
 impl Beacon {
-    /// The answer of the request now running, unless the watchdog took it.
-    pub fn take_reply(&self) -> Option<Reply> {
-        self.reply.lock().ok().and_then(|mut r| r.take())
+    /// The answers of the requests now running, those the watchdog has not taken.
+    pub fn take_replies(&self) -> Vec<Option<Reply>> {
+        self.replies
+            .lock()
+            .map(|mut r| r.iter_mut().map(Option::take).collect())
+            .unwrap_or_default()
     }
 
-    /// True when nobody waits for the running request any more: its client left, or the
-    /// watchdog answered it.
-    pub fn client_gone(&self) -> bool {
-        self.reply
+    /// Running request `member`'s answer, unless the watchdog took it.
+    pub fn take_reply(&self, member: usize) -> Option<Reply> {
+        self.replies
             .lock()
-            .map_or(true, |r| r.as_ref().is_none_or(|r| r.is_closed()))
+            .ok()
+            .and_then(|mut r| r.get_mut(member).and_then(Option::take))
+    }
+
+    /// True when nobody waits for running request `member` any more: its client left, or
+    /// the watchdog answered it.
+    pub fn client_gone(&self, member: usize) -> bool {
+        self.replies.lock().map_or(true, |r| {
+            r.get(member)
+                .is_none_or(|r| r.as_ref().is_none_or(|r| r.is_closed()))
+        })
     }
 }
 
@@ -83,13 +96,13 @@ impl DeviceDeadline {
         self.beacons.get(worker)
     }
 
-    /// Worker `worker` starts a request whose answer goes to `reply` (None: the warm-up, which
+    /// Worker `worker` starts requests whose answers go to `replies` (none: the warm-up, which
     /// no deadline bounds).
-    pub fn begin(&self, worker: usize, reply: Option<Reply>) {
+    pub fn begin(&self, worker: usize, replies: Vec<Reply>) {
         if let Some(b) = self.beacon(worker) {
-            let bounded = reply.is_some();
-            if let Ok(mut slot) = b.reply.lock() {
-                *slot = reply;
+            let bounded = !replies.is_empty();
+            if let Ok(mut slot) = b.replies.lock() {
+                *slot = replies.into_iter().map(Some).collect();
             }
             b.last_beat.store(self.now(), Ordering::SeqCst);
             b.bounded.store(bounded, Ordering::SeqCst);
@@ -103,11 +116,13 @@ impl DeviceDeadline {
         }
     }
 
-    /// Worker `worker` is done with its request: its reply, unless the watchdog answered it.
-    pub fn end(&self, worker: usize) -> Option<Reply> {
-        let b = self.beacon(worker)?;
+    /// Worker `worker` is done with its requests: the replies the watchdog did not answer.
+    pub fn end(&self, worker: usize) -> Vec<Option<Reply>> {
+        let Some(b) = self.beacon(worker) else {
+            return Vec::new();
+        };
         b.bounded.store(false, Ordering::SeqCst);
-        b.take_reply()
+        b.take_replies()
     }
 
     /// Why the engine is hung, once it is.
@@ -153,7 +168,7 @@ impl DeviceDeadline {
                     self.hung().unwrap_or("")
                 );
             }
-            if let Some(reply) = b.take_reply() {
+            for reply in b.take_replies().into_iter().flatten() {
                 let _ = reply.send(Err(Self::unavailable(self.hung().unwrap_or_default())));
             }
             return true;

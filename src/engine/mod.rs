@@ -6,10 +6,11 @@
 //! state prefixes a worker has seen recently.
 
 pub mod deadline;
+mod packing;
 pub mod prefix_cache;
 pub mod worker;
 
-use crate::backbone::{Backbone, LoadError, PrefillState, WeightFormats};
+use crate::backbone::{Backbone, LoadError, PrefillError, PrefillState, WeightFormats};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
@@ -54,6 +55,40 @@ pub struct Decision {
     pub model_seconds: f64,
     /// How the prefix cache served this request.
     pub cache: CacheUse,
+    /// Requests in the largest prefill pass this one ran in: 1 alone, more when packed
+    /// (`packing.rs`).
+    pub pass_requests: usize,
+}
+
+/// A request ready for the model (`Pipeline::prepare`).
+struct Prepared {
+    rule: LengthRule,
+    /// When the pipeline took it (its `model_seconds` start here).
+    started: Instant,
+    record: EncodedRecord,
+    vision: Option<VisionInput>,
+    /// [`Pipeline::with_device_fault`] matched it: its passes fail.
+    device_fault: bool,
+}
+
+/// A failed prefill as the request's answer (the same for a request alone or packed).
+fn fail(e: PrefillError) -> RequestError {
+    RequestError::internal(format!("prefill: {e}"))
+}
+
+/// The failure [`Pipeline::with_device_fault`] injects into a pass.
+fn injected_device_fault() -> PrefillError {
+    PrefillError::State(INJECTED_DEVICE_FAULT.into())
+}
+
+/// The answer of a request stopped because its client left.
+fn cancelled_error() -> RequestError {
+    RequestError {
+        status: 499,
+        loc: vec![],
+        msg: "the client closed the request".into(),
+        kind: CANCELLED.into(),
+    }
 }
 
 /// What the model computed for one prompt: the backbone's final rows from `first_row` on (the
@@ -77,6 +112,8 @@ pub struct Pipeline<B: MeshOps> {
     hidden: usize,
     cache: Mutex<Cache<B>>,
     fault: Option<FaultSwitch>,
+    /// Fails every prefill pass holding a request it matches, as a device error would.
+    device_fault: Option<FaultSwitch>,
     /// The checkpoint's vision tower on the backbone's mesh and the tokenizer's media tokens;
     /// `None`: media requests are refused.
     vision: Option<(VisionTower<B>, MediaTokens)>,
@@ -102,6 +139,9 @@ pub type FaultSwitch = Arc<dyn Fn(&SystemOneRequest) -> bool + Send + Sync>;
 
 /// The panic message of an injected fault.
 pub const INJECTED_FAULT: &str = "injected fault (test switch)";
+
+/// The error of a prefill pass failed by [`Pipeline::with_device_fault`].
+pub const INJECTED_DEVICE_FAULT: &str = "injected device fault (test switch)";
 
 impl<B: MeshOps> Pipeline<B> {
     pub fn new(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, PipelineError> {
@@ -162,6 +202,7 @@ impl<B: MeshOps> Pipeline<B> {
                 Arc::default(),
             )),
             fault: None,
+            device_fault: None,
             vision,
             media_limits: MediaLimits::default(),
         })
@@ -180,6 +221,16 @@ impl<B: MeshOps> Pipeline<B> {
     pub fn with_fault_switch(self, switch: FaultSwitch) -> Self {
         Pipeline {
             fault: Some(switch),
+            ..self
+        }
+    }
+
+    /// Fail every prefill pass that holds a request `switch` matches, as a device error
+    /// during the pass would (failure-isolation tests only).
+    #[doc(hidden)]
+    pub fn with_device_fault(self, switch: FaultSwitch) -> Self {
+        Pipeline {
+            device_fault: Some(switch),
             ..self
         }
     }
@@ -256,6 +307,14 @@ impl<B: MeshOps> Pipeline<B> {
         rule: LengthRule,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Decision, RequestError> {
+        let prepared = self.prepare(req, rule)?;
+        let rows = self.run_model(&prepared, cancelled)?;
+        self.finish(req, prepared, rows, 1)
+    }
+
+    /// A request up to the model: its length rule, media (decoded and through the vision
+    /// tower) and encoded record. Every failure here is the request's own (4xx or its media).
+    fn prepare(&self, req: &SystemOneRequest, rule: LengthRule) -> Result<Prepared, RequestError> {
         let rule = match rule {
             LengthRule::Server {
                 max_state,
@@ -283,7 +342,30 @@ impl<B: MeshOps> Pipeline<B> {
             Some(m) => Some(self.vision_input(&record, m)?),
             None => None,
         };
-        let rows = self.run_model(&record, vision.as_ref(), cancelled)?;
+        Ok(Prepared {
+            rule,
+            started,
+            record,
+            vision,
+            device_fault: self.device_fault.as_ref().is_some_and(|m| m(req)),
+        })
+    }
+
+    /// The head's answer to a prepared request from the model's rows; `pass_requests`: the
+    /// requests of the largest pass it ran in (1: alone).
+    fn finish(
+        &self,
+        req: &SystemOneRequest,
+        prepared: Prepared,
+        rows: ModelRows,
+        pass_requests: usize,
+    ) -> Result<Decision, RequestError> {
+        let Prepared {
+            rule,
+            started,
+            record,
+            ..
+        } = prepared;
         if self.fault.as_ref().is_some_and(|matches| matches(req)) {
             std::panic::panic_any(INJECTED_FAULT);
         }
@@ -318,6 +400,7 @@ impl<B: MeshOps> Pipeline<B> {
             probabilities,
             model_seconds,
             cache: rows.cache,
+            pass_requests,
         })
     }
 
@@ -402,10 +485,11 @@ impl<B: MeshOps> Pipeline<B> {
     /// digest, so the same text with other pixels is another prefix.
     fn run_model(
         &self,
-        record: &EncodedRecord,
-        vision: Option<&VisionInput>,
+        prepared: &Prepared,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<ModelRows, RequestError> {
+        let (record, vision) = (&prepared.record, prepared.vision.as_ref());
+        let fault = prepared.device_fault;
         let ids = &record.input_ids;
         let config = self.lock_cache().config();
         let cut = match config.slots {
@@ -413,7 +497,8 @@ impl<B: MeshOps> Pipeline<B> {
             _ => boundary(record.state_end, PREFILL_CHUNK, config.planner),
         };
         let Some(p) = cut.filter(|&p| p < ids.len()) else {
-            let (hidden, _) = self.chunked_prefill(ids, vision, 0..ids.len(), None, cancelled)?;
+            let (hidden, _) =
+                self.chunked_prefill(ids, vision, fault, 0..ids.len(), None, cancelled)?;
             let memory = self.head.memory(&hidden, ids.len());
             let cache = match config.slots {
                 0 => CacheUse::Off,
@@ -434,7 +519,8 @@ impl<B: MeshOps> Pipeline<B> {
         let (slot, cache) = match found {
             Some(slot) => (slot, CacheUse::Hit),
             None => {
-                let (hidden, state) = self.chunked_prefill(ids, vision, 0..p, None, cancelled)?;
+                let (hidden, state) =
+                    self.chunked_prefill(ids, vision, fault, 0..p, None, cancelled)?;
                 let memory = self.head.memory(&hidden, p);
                 let bytes = self.backbone.state_bytes(&state) + memory.bytes();
                 let slot = PrefixSlot {
@@ -446,8 +532,14 @@ impl<B: MeshOps> Pipeline<B> {
                 (self.lock_cache().insert(slot), CacheUse::Miss)
             }
         };
-        let (hidden, _) =
-            self.chunked_prefill(ids, vision, p..ids.len(), Some(&slot.state), cancelled)?;
+        let (hidden, _) = self.chunked_prefill(
+            ids,
+            vision,
+            fault,
+            p..ids.len(),
+            Some(&slot.state),
+            cancelled,
+        )?;
         let memory = slot
             .memory
             .clone()
@@ -466,16 +558,16 @@ impl<B: MeshOps> Pipeline<B> {
     /// except at media pads, which take the vision rows; positions are the text positions, or
     /// the media prompt's M-RoPE positions. Returns the final rows `[range, hidden]` and the
     /// state after the last id.
+    #[allow(clippy::too_many_arguments)]
     fn chunked_prefill(
         &self,
         ids: &[u32],
         vision: Option<&VisionInput>,
+        device_fault: bool,
         range: std::ops::Range<usize>,
         start: Option<&PrefillState<B::Tensor>>,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<(Vec<f32>, PrefillState<B::Tensor>), RequestError> {
-        let fail =
-            |e: crate::backbone::PrefillError| RequestError::internal(format!("prefill: {e}"));
         let h = self.hidden;
         let mut state: Option<PrefillState<B::Tensor>> = None;
         let mut rows: Vec<f32> = Vec::with_capacity(range.len() * h);
@@ -483,29 +575,12 @@ impl<B: MeshOps> Pipeline<B> {
         while from < range.end {
             let to = (from + PREFILL_CHUNK).min(range.end);
             if cancelled() {
-                return Err(RequestError {
-                    status: 499,
-                    loc: vec![],
-                    msg: "the client closed the request".into(),
-                    kind: CANCELLED.into(),
-                });
+                return Err(cancelled_error());
             }
-            let mut embedded: HostTensor = self.backbone.embed(&ids[from..to]).map_err(fail)?;
-            let positions: Vec<[u32; 3]> = match vision {
-                None => Backbone::<B>::text_positions(from, to - from),
-                Some(v) => {
-                    for (k, &at) in v.pads.iter().enumerate() {
-                        if (from..to).contains(&at) {
-                            let row = at - from;
-                            embedded.data[row * h..(row + 1) * h]
-                                .copy_from_slice(&v.rows[k * h..(k + 1) * h]);
-                        }
-                    }
-                    (from..to)
-                        .map(|i| [v.positions[0][i], v.positions[1][i], v.positions[2][i]])
-                        .collect()
-                }
-            };
+            if device_fault {
+                return Err(fail(injected_device_fault()));
+            }
+            let (embedded, positions) = self.piece_input(ids, vision, from..to).map_err(fail)?;
             let (hidden, next) = self
                 .backbone
                 .prefill_embedded(&embedded, &positions, state.as_ref().or(start), None)
@@ -516,6 +591,36 @@ impl<B: MeshOps> Pipeline<B> {
         }
         let state = state.ok_or_else(|| RequestError::internal("prefill of an empty prompt"))?;
         Ok((rows, state))
+    }
+
+    /// The embedding rows and M-RoPE positions of prompt positions `range` of `ids`: rows from
+    /// the table, except at media pads, which take the vision rows; text positions, or the
+    /// media prompt's.
+    fn piece_input(
+        &self,
+        ids: &[u32],
+        vision: Option<&VisionInput>,
+        range: std::ops::Range<usize>,
+    ) -> Result<(HostTensor, Vec<[u32; 3]>), PrefillError> {
+        let h = self.hidden;
+        let (from, to) = (range.start, range.end);
+        let mut embedded: HostTensor = self.backbone.embed(&ids[from..to])?;
+        let positions: Vec<[u32; 3]> = match vision {
+            None => Backbone::<B>::text_positions(from, to - from),
+            Some(v) => {
+                for (k, &at) in v.pads.iter().enumerate() {
+                    if (from..to).contains(&at) {
+                        let row = at - from;
+                        embedded.data[row * h..(row + 1) * h]
+                            .copy_from_slice(&v.rows[k * h..(k + 1) * h]);
+                    }
+                }
+                (from..to)
+                    .map(|i| [v.positions[0][i], v.positions[1][i], v.positions[2][i]])
+                    .collect()
+            }
+        };
+        Ok((embedded, positions))
     }
 
     /// The head's logits for an encoded record, given its final hidden rows from position

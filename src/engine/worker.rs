@@ -1,6 +1,7 @@
 //! Workers and the bounded queue. Each worker is an OS thread that owns one pipeline (one mesh)
 //! and takes jobs from a queue of fixed capacity; a full queue refuses at once (the caller
-//! answers 429). A job whose client has gone before its turn is dropped unstarted, and one
+//! answers 429). With packing on ([`Packing`]) a worker takes every queued job up to a count
+//! at once and the pipeline packs the short ones into shared prefill passes (`packing.rs`). A job whose client has gone before its turn is dropped unstarted, and one
 //! running stops at the next prefill chunk boundary. A request that panics is answered with a
 //! 500 and its worker is replaced (a new thread on the same weights, prefix cache cleared). A
 //! worker whose device stops answering is found by the device deadline (`deadline.rs`): the
@@ -45,6 +46,8 @@ pub struct EngineStats {
     pub panics: AtomicU64,
     /// Running jobs stopped between prefill chunks because their client left.
     pub cancelled: AtomicU64,
+    /// Jobs answered from a prefill pass shared with other jobs (a packed pass).
+    pub packed: AtomicU64,
     /// The workers' prefix caches.
     pub prefix_cache: Arc<PrefixCacheStats>,
     /// Each worker's device usage as it was after its last request (`MeshOps::usage`; read
@@ -62,6 +65,27 @@ pub struct Engine {
     pub deadline: Arc<DeviceDeadline>,
 }
 
+/// How workers pack queued jobs into shared prefill passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packing {
+    /// Prompt tokens of one packed pass (`CLEF_PACK_TOKENS`); 0 turns packing off.
+    pub tokens: usize,
+    /// Most jobs a worker takes at once.
+    pub max_jobs: usize,
+    /// How long a worker that took a job waits for more before it starts (`CLEF_PACK_WAIT_MS`;
+    /// zero: it takes what is queued and waits for no one).
+    pub wait: Duration,
+}
+
+impl Packing {
+    /// One job at a time.
+    pub const OFF: Packing = Packing {
+        tokens: 0,
+        max_jobs: 1,
+        wait: Duration::ZERO,
+    };
+}
+
 /// Why a job was not queued.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SubmitError {
@@ -75,12 +99,14 @@ impl Engine {
     /// Start `pipelines.len()` workers over one queue of `capacity` jobs. `warmup` is answered
     /// once by every worker before it counts as ready. The pipelines should share one
     /// [`PrefixCacheStats`] (see [`Pipeline::with_prefix_cache`]). `device_timeout`: the
-    /// device deadline (`deadline.rs`; `None`: none, no watchdog).
+    /// device deadline (`deadline.rs`; `None`: none, no watchdog). `packing`: how workers pack
+    /// jobs (off where the pipelines' mesh cannot: [`MeshOps::packs_rows`]).
     pub fn start<B: MeshOps + Send + 'static>(
         pipelines: Vec<Pipeline<B>>,
         capacity: usize,
         warmup: Option<(SystemOneRequest, LengthRule)>,
         device_timeout: Option<Duration>,
+        packing: Packing,
     ) -> Engine
     where
         B::Tensor: Send,
@@ -100,10 +126,18 @@ impl Engine {
             *usage = vec![None; workers];
         }
         let deadline = Arc::new(DeviceDeadline::new(workers, device_timeout));
+        let packs_rows = pipelines.iter().all(|p| p.backbone.mesh().packs_rows());
+        if packing.tokens > 0 && !packs_rows {
+            tracing::info!("packing is off: this device backend does not run packed passes");
+        }
         let context = WorkerContext {
             rx: rx.clone(),
             stats: stats.clone(),
             deadline: deadline.clone(),
+            packing: match packs_rows && packing.tokens > 0 {
+                true => packing,
+                false => Packing::OFF,
+            },
         };
         for (i, pipeline) in pipelines.into_iter().enumerate() {
             spawn_worker(i, 0, pipeline, context.clone(), warmup.clone());
@@ -152,6 +186,7 @@ struct WorkerContext {
     rx: Queue,
     stats: Arc<EngineStats>,
     deadline: Arc<DeviceDeadline>,
+    packing: Packing,
 }
 
 /// The device deadline's watchdog (`deadline.rs`): looks at the workers every tick; once the
@@ -209,7 +244,7 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
         .spawn(move || {
             if let Some((request, rule)) = warmup {
                 let t0 = Instant::now();
-                context.deadline.begin(index, None);
+                context.deadline.begin(index, Vec::new());
                 match pipeline.decide(&request, rule) {
                     Ok(_) => tracing::info!(
                         worker = index,
@@ -251,6 +286,26 @@ fn record_usage<B: MeshOps>(index: usize, pipeline: &Pipeline<B>, stats: &Engine
     }
 }
 
+/// The next jobs for worker `index`: one (waiting for it), then, with packing on, whatever
+/// else is queued (waiting up to the fill window for more) up to the packing's count. `None`
+/// once the queue closed.
+fn take_jobs(rx: &Queue, packing: &Packing) -> Option<Vec<Job>> {
+    let mut queue = rx.lock().ok()?;
+    // One worker waits on the queue at a time; the others wait for the lock.
+    let mut jobs = vec![queue.blocking_recv()?];
+    let until = Instant::now() + packing.wait;
+    while jobs.len() < packing.max_jobs {
+        match queue.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(mpsc::error::TryRecvError::Empty) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Err(_) => break,
+        }
+    }
+    Some(jobs)
+}
+
 /// Answer jobs until the queue closes or one of them panics.
 fn worker_loop<B: MeshOps>(
     index: usize,
@@ -259,76 +314,99 @@ fn worker_loop<B: MeshOps>(
 ) -> WorkerEnd {
     let (rx, stats, deadline) = (&context.rx, &context.stats, &context.deadline);
     loop {
-        // One worker waits on the queue at a time; the others wait for the lock.
-        let job = match rx.lock() {
-            Ok(mut guard) => guard.blocking_recv(),
-            Err(_) => return WorkerEnd::QueueClosed,
-        };
-        let Some(job) = job else {
+        let Some(taken) = take_jobs(rx, &context.packing) else {
             return WorkerEnd::QueueClosed;
         };
-        stats.queued.fetch_sub(1, Ordering::SeqCst);
-        if let Some(reason) = deadline.hung() {
-            // Another worker's device stopped answering: the server is going down.
-            let _ = job.reply.send(Err(DeviceDeadline::unavailable(reason)));
+        stats.queued.fetch_sub(taken.len(), Ordering::SeqCst);
+        let mut jobs = Vec::with_capacity(taken.len());
+        for job in taken {
+            if let Some(reason) = deadline.hung() {
+                // Another worker's device stopped answering: the server is going down.
+                let _ = job.reply.send(Err(DeviceDeadline::unavailable(reason)));
+            } else if job.reply.is_closed() {
+                stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(id = %job.id, worker = index, "abandoned: the client left before its turn");
+            } else {
+                jobs.push(job);
+            }
+        }
+        if jobs.is_empty() {
             continue;
         }
-        if job.reply.is_closed() {
-            stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(id = %job.id, worker = index, "abandoned: the client left before its turn");
-            continue;
+        let n = jobs.len();
+        stats.running.fetch_add(n, Ordering::SeqCst);
+        let mut ids = Vec::with_capacity(n);
+        let mut work = Vec::with_capacity(n);
+        let mut replies = Vec::with_capacity(n);
+        for job in jobs {
+            ids.push(job.id);
+            work.push((job.request, job.rule));
+            replies.push(job.reply);
         }
-        stats.running.fetch_add(1, Ordering::SeqCst);
-        let (id, request, rule) = (job.id, job.request, job.rule);
-        deadline.begin(index, Some(job.reply));
+        let pairs: Vec<(&SystemOneRequest, LengthRule)> =
+            work.iter().map(|(r, rule)| (r, *rule)).collect();
+        deadline.begin(index, replies);
         let beacon = deadline.beacon(index);
-        // Each prefill chunk boundary is progress, and where a client that left stops its run.
-        let cancelled = || {
+        // Each prefill pass is progress, and where a job whose client left stops.
+        let cancelled = |member: usize| {
             deadline.beat(index);
-            beacon.is_some_and(|b| b.client_gone())
+            beacon.is_some_and(|b| b.client_gone(member))
+        };
+        // Each answer goes out as soon as it is ready (a packed pass's short jobs do not wait
+        // for a long one after them).
+        let answered = std::cell::Cell::new(0usize);
+        let mut answer = |member: usize, result: Result<Decision, RequestError>| {
+            answered.set(answered.get() + 1);
+            let id = &ids[member];
+            match &result {
+                Ok(d) => {
+                    stats
+                        .tokens
+                        .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
+                    if d.pass_requests > 1 {
+                        stats.packed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) if e.kind == CANCELLED => {
+                    stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(id = %id, worker = index, "cancelled: the client left while it ran");
+                }
+                Err(_) => {}
+            }
+            stats.running.fetch_sub(1, Ordering::SeqCst);
+            // A client that left while we ran is fine: the answer is dropped (as is an answer
+            // the watchdog already gave).
+            if let Some(reply) = beacon.and_then(|b| b.take_reply(member)) {
+                let _ = reply.send(result);
+            }
         };
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            pipeline.decide_cancellable(&request, rule, &cancelled)
+            pipeline.decide_pack(&pairs, context.packing.tokens, &cancelled, &mut answer)
         }));
-        let reply = deadline.end(index);
-        stats.running.fetch_sub(1, Ordering::SeqCst);
-        log_runtime_calls(&id, index, &pipeline.backbone.mesh().take_runtime_calls());
+        let unanswered = deadline.end(index);
+        log_runtime_calls(
+            &ids.join(","),
+            index,
+            &pipeline.backbone.mesh().take_runtime_calls(),
+        );
         record_usage(index, pipeline, stats);
-        match outcome {
-            Ok(result) => {
-                match &result {
-                    Ok(d) => {
-                        stats
-                            .tokens
-                            .fetch_add(d.record.input_ids.len() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind == CANCELLED => {
-                        stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(id = %id, worker = index, "cancelled: the client left while it ran");
-                    }
-                    Err(_) => {}
-                }
-                // A client that left while we ran is fine: the answer is dropped (as is an
-                // answer the watchdog already gave).
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
-                }
+        if let Err(panic) = outcome {
+            stats.panics.fetch_add(1, Ordering::Relaxed);
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(ids = %ids.join(","), worker = index, "request panicked: {msg}");
+            stats
+                .running
+                .fetch_sub(n.saturating_sub(answered.get()), Ordering::SeqCst);
+            for reply in unanswered.into_iter().flatten() {
+                let _ = reply.send(Err(RequestError::internal(format!(
+                    "the worker failed on this request: {msg}"
+                ))));
             }
-            Err(panic) => {
-                stats.panics.fetch_add(1, Ordering::Relaxed);
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(id = %id, worker = index, "request panicked: {msg}");
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(RequestError::internal(format!(
-                        "the worker failed on this request: {msg}"
-                    ))));
-                }
-                return WorkerEnd::Failed;
-            }
+            return WorkerEnd::Failed;
         }
     }
 }

@@ -23,7 +23,7 @@ use remote::RemoteImages;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-/// Bounds on media that protect the host (README, "Configuration").
+/// Bounds on media that protect the host (docs/serving.md, "Configuration").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MediaLimits {
     pub max_images: usize,

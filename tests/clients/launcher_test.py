@@ -125,8 +125,15 @@ class Server:
         self.lines = []
         self.ready_at = None
         self.ready = threading.Event()
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -142,7 +149,9 @@ class Server:
     def wait_ready(self, timeout=300):
         deadline = time.monotonic() + timeout
         while not self.ready.wait(0.05):
-            assert self.proc.poll() is None, f"exited with {self.proc.returncode} before ready:\n{self.log()}"
+            assert self.proc.poll() is None, (
+                f"exited with {self.proc.returncode} before ready:\n{self.log()}"
+            )
             assert time.monotonic() < deadline, f"not ready after {timeout} s:\n{self.log()}"
 
     def stop(self, sig=signal.SIGTERM, timeout=STOP_WINDOW):
@@ -163,24 +172,43 @@ class Suite:
         env = dict(c["serve"]["env"], **profile["env"])
         # What tt-model's launcher and docker run add (launchers.py, container.py), then the CPU.
         rows, cols = {"P150x2": (1, 2), "P150x4": (1, 4)}[profile["mesh_device"]]
-        env.update({
-            "HF_MODEL": a.model, "MESH_DEVICE": profile["mesh_device"],
-            c["runtime"]["mesh_shape_env"]: f"{rows}x{cols}", **profile["env"],
-            "TT_CACHE_PATH": os.path.join(a.work, "tensor-cache"),
-            "HF_HOME": os.path.join(a.work, "hf"), "CLEF_DEVICE": "cpu", "CLEF_API_KEY": KEY,
-        })
+        env.update(
+            {
+                "HF_MODEL": a.model,
+                "MESH_DEVICE": profile["mesh_device"],
+                c["runtime"]["mesh_shape_env"]: f"{rows}x{cols}",
+                **profile["env"],
+                "TT_CACHE_PATH": os.path.join(a.work, "tensor-cache"),
+                "HF_HOME": os.path.join(a.work, "hf"),
+                "CLEF_DEVICE": "cpu",
+                "CLEF_API_KEY": KEY,
+            }
+        )
         self.env = dict(os.environ, **env)
         # The image: the venv first on PATH, code/ on PYTHONPATH, a work dir as the cwd.
         self.env["PATH"] = os.path.dirname(a.python) + os.pathsep + os.environ.get("PATH", "")
         self.env["PYTHONPATH"] = a.code
         self.cwd = os.path.join(a.work, "cwd")
         os.makedirs(self.cwd, exist_ok=True)
-        self.cache_manifest = os.path.join(env["TT_CACHE_PATH"], "clef-tt", "cpu-1x2-selected", "manifest.json")
+        self.cache_manifest = os.path.join(
+            env["TT_CACHE_PATH"], "clef-tt", "cpu-1x2-selected", "manifest.json"
+        )
 
     def launcher(self, port=None, extra_env=None, args=()):
         port = port or free_port()
-        argv = [self.a.python, "-m", "uvicorn", "--host", "0.0.0.0", "--port", str(port),
-                "--lifespan", "on", *args, "launcher.clef_tt_asgi:app"]
+        argv = [
+            self.a.python,
+            "-m",
+            "uvicorn",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--lifespan",
+            "on",
+            *args,
+            "launcher.clef_tt_asgi:app",
+        ]
         return Server(argv, dict(self.env, **(extra_env or {})), port, self.cwd)
 
     def direct(self):
@@ -269,12 +297,15 @@ class Suite:
         if 200 in codes:
             lag = launched.ready_at - early[healthy][0]
             assert lag < 2.0, f"the ready line came {lag:.2f} s after /health said 200"
-        assert os.path.realpath(f"/proc/{launched.proc.pid}/exe") == os.path.realpath(self.bin), \
+        assert os.path.realpath(f"/proc/{launched.proc.pid}/exe") == os.path.realpath(self.bin), (
             "the process tt-model started does not serve"
+        )
         assert os.path.isfile(self.cache_manifest), "the first start wrote no tensor cache"
-        print(f"launcher: ready line with /health 200 ({len(early)} earlier probes: "
-              f"{codes.count(503)} x 503, then {codes.count(200)} x 200); "
-              f"clef-tt serves as pid {launched.proc.pid}")
+        print(
+            f"launcher: ready line with /health 200 ({len(early)} earlier probes: "
+            f"{codes.count(503)} x 503, then {codes.count(200)} x 200); "
+            f"clef-tt serves as pid {launched.proc.pid}"
+        )
 
         direct = self.direct()
         dp = direct.port
@@ -284,7 +315,9 @@ class Suite:
         assert decide(lp, README_REQUEST)[0] == 200
         same_answer(decide(lp, {"model": "clef"}), decide(dp, {"model": "clef"}), "422")
         assert decide(lp, {"model": "clef"})[0] == 422
-        same_answer(decide(lp, README_REQUEST, key=None), decide(dp, README_REQUEST, key=None), "401")
+        same_answer(
+            decide(lp, README_REQUEST, key=None), decide(dp, README_REQUEST, key=None), "401"
+        )
         assert decide(lp, README_REQUEST, key=None)[0] == 401
         same_answer(too_big(lp), too_big(dp), "413")
         assert too_big(lp)[0] == 413
@@ -292,8 +325,17 @@ class Suite:
         # Every Python client reads the refusals of bodies over the limit (14, 64 MiB, chunked)
         # and of another content type, through the launcher.
         oversize = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oversize_bodies.py")
-        r = subprocess.run([self.a.clients_python or sys.executable, oversize,
-                            f"http://127.0.0.1:{lp}", "--key", KEY], capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                self.a.clients_python or sys.executable,
+                oversize,
+                f"http://127.0.0.1:{lp}",
+                "--key",
+                KEY,
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert not (self.a.clients_python and "skipped" in r.stdout), r.stdout
         print(f"launcher: {r.stdout.strip().splitlines()[-1]}")
@@ -303,15 +345,20 @@ class Suite:
         launcher_health, results = self.health_during_burst(lp)
         codes = [r[0] for r in results]
         busy = [r for r in results if r[0] == 429]
-        assert busy, f"no 429 in a burst of {len(results)} past a queue of {self.env['CLEF_MAX_QUEUE']}: {codes}"
+        assert busy, (
+            f"no 429 in a burst of {len(results)} past a queue of {self.env['CLEF_MAX_QUEUE']}: {codes}"
+        )
         assert set(codes) <= {200, 429}, codes
         assert all(any(k.lower() == "retry-after" for k, _ in r[1]) for r in busy)
         direct_busy = next(r for r in direct_results if r[0] == 429)
         same_answer(busy[0], direct_busy, "429")
-        assert launcher_health <= max(2 * direct_health, direct_health + 5), \
+        assert launcher_health <= max(2 * direct_health, direct_health + 5), (
             f"/health median {launcher_health:.1f} ms through the launcher, {direct_health:.1f} ms direct"
-        print(f"launcher: burst of {len(codes)}: {codes.count(200)} x 200, {len(busy)} x 429 with Retry-After; "
-              f"/health median {launcher_health:.2f} ms (direct {direct_health:.2f} ms)")
+        )
+        print(
+            f"launcher: burst of {len(codes)}: {codes.count(200)} x 200, {len(busy)} x 429 with Retry-After; "
+            f"/health median {launcher_health:.2f} ms (direct {direct_health:.2f} ms)"
+        )
 
         # 4. SIGTERM: stops within the window, nothing left.
         code, took = launched.stop(signal.SIGTERM)
@@ -324,7 +371,9 @@ class Suite:
         written = os.stat(self.cache_manifest).st_mtime_ns
         again = self.launcher(extra_env={"CLEF_SHUTDOWN_TIMEOUT": "2"})
         again.wait_ready()
-        assert os.stat(self.cache_manifest).st_mtime_ns == written, "the second start rewrote the tensor cache"
+        assert os.stat(self.cache_manifest).st_mtime_ns == written, (
+            "the second start rewrote the tensor cache"
+        )
         threads, results = self.burst(again.port, 60, repeat=250)
         time.sleep(0.5)
         code, took = again.stop(signal.SIGTERM)
@@ -333,7 +382,9 @@ class Suite:
         assert code == 0 and took < 2 + 5, f"exit {code} after {took:.1f} s:\n{again.log()}"
         unanswered = sum(1 for r in results if r[0] is None)
         assert unanswered, "the burst finished before the deadline: make it longer"
-        print(f"launcher: second start loads the tensor cache; SIGTERM with requests in flight -> exit 0 in {took:.2f} s")
+        print(
+            f"launcher: second start loads the tensor cache; SIGTERM with requests in flight -> exit 0 in {took:.2f} s"
+        )
 
         # 6. SIGKILL leaves no clef-tt: when ready, and while it loads.
         killed = self.launcher()
@@ -388,8 +439,11 @@ def main():
     p = argparse.ArgumentParser()
     for name in ("python", "code", "manifest", "model", "work"):
         p.add_argument(f"--{name}", required=True)
-    p.add_argument("--clients-python", help="a Python with requests, httpx and typesafe-sdk for "
-                   "oversize_bodies.py (default: this one, urllib alone)")
+    p.add_argument(
+        "--clients-python",
+        help="a Python with requests, httpx and typesafe-sdk for "
+        "oversize_bodies.py (default: this one, urllib alone)",
+    )
     a = p.parse_args()
     a.work = os.path.abspath(a.work)
     Suite(a).run()

@@ -65,7 +65,11 @@ assert kinds == {"outage": NoulAnswer, "team": ChoiceAnswer, "urgency": ScoreAns
 status, direct = raw(BODY)
 assert status == 200
 for key, answer in answers.items():
-    assert answer.to_dict() == direct["answers"][key], (key, answer.to_dict(), direct["answers"][key])
+    assert answer.to_dict() == direct["answers"][key], (
+        key,
+        answer.to_dict(),
+        direct["answers"][key],
+    )
 assert reply.parsed.usage.input_tokens == direct["usage"]["input_tokens"]
 
 models = list_models.sync(client=client)
@@ -77,5 +81,7 @@ reply = decide.sync_detailed(client=client, body=SystemOneRequest.from_dict(bad)
 assert reply.status_code == 422, reply.status_code
 assert isinstance(reply.parsed, Error), type(reply.parsed)
 assert reply.parsed.detail[0].loc == ["body", "questions", "q", "criteria"], reply.parsed.detail[0]
-print("generated client: a decision (noul, choice, score) equal to the direct answer, "
-      "models, health, and a typed 422")
+print(
+    "generated client: a decision (noul, choice, score) equal to the direct answer, "
+    "models, health, and a typed 422"
+)

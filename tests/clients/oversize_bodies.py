@@ -36,7 +36,7 @@ def pieces(n):
     """The same body as an iterator of pieces: the clients send it chunked."""
     data = body_of(n)
     for i in range(0, len(data), PIECE):
-        yield data[i:i + PIECE]
+        yield data[i : i + PIECE]
 
 
 def check_error(route, status, want, text):
@@ -89,8 +89,9 @@ def sdk_oversize(base, key, n):
     from typesafe_sdk import Noul, TypeSafeClient
 
     # Its default retries stay on, as a user has them: a transport error would be retried.
-    client = TypeSafeClient(api_key=key or "any-key", base_url=base, model="clef",
-                            compression=False)
+    client = TypeSafeClient(
+        api_key=key or "any-key", base_url=base, model="clef", compression=False
+    )
     try:
         client.system_one(state="word " * (n // 5), questions={"q": Noul(instructions="?")})
     except typesafe_sdk.TypeSafeAPIError as e:
@@ -126,10 +127,14 @@ def main():
         send = SENDERS[client]
         for route in (SYSTEMONE, WORKERS_AI):
             url = base + route
-            cases = [(f"{mib} MiB", lambda m=int(mib): body_of(m * MIB)) for mib in a.mib.split(",")]
-            cases += [(f"{mib} MiB chunked", lambda m=int(mib): pieces(m * MIB))
-                      for mib in a.chunked_mib.split(",")]
-            for name, data in cases:
+            cases = [
+                (f"{mib} MiB", lambda m=int(mib): body_of(m * MIB)) for mib in a.mib.split(",")
+            ]
+            cases += [
+                (f"{mib} MiB chunked", lambda m=int(mib): pieces(m * MIB))
+                for mib in a.chunked_mib.split(",")
+            ]
+            for _name, data in cases:
                 status, text = send(url, data(), {**json_ct, **auth})
                 check_error(route, status, 413, text)
                 checks += 1

@@ -15,7 +15,9 @@ def main(base_url: str) -> int:
     client = TypeSafeClient(api_key="any-key", base_url=base_url, model="clef", compression=False)
     checks = 0
     models = client.models.list()
-    names = [m.name for m in models.models] if hasattr(models, "models") else [m.name for m in models]
+    names = (
+        [m.name for m in models.models] if hasattr(models, "models") else [m.name for m in models]
+    )
     assert names, "models.list() returned no models"
     checks += 1
     resp = client.system_one(
@@ -25,7 +27,9 @@ def main(base_url: str) -> int:
                 instructions="Which team should handle the message?",
                 criteria={"billing": "Payments or invoices", "technical": "Bugs or outages"},
             ),
-            "urgency": Score(instructions="How urgent is it?", criteria=["Can wait", "This week", "Today"]),
+            "urgency": Score(
+                instructions="How urgent is it?", criteria=["Can wait", "This week", "Today"]
+            ),
             "outage": Noul(instructions="Is a service down?"),
         },
     )
@@ -39,8 +43,12 @@ def main(base_url: str) -> int:
     assert resp.usage.input_tokens > 0
     checks += 1
     try:
-        client.system_one(state="x", questions={"q": Noul(instructions="?")}, model=None,
-                          extra_body={"model": None})
+        client.system_one(
+            state="x",
+            questions={"q": Noul(instructions="?")},
+            model=None,
+            extra_body={"model": None},
+        )
         raise AssertionError("a null model was accepted")
     except typesafe_sdk.TypeSafeAPIError as e:  # the 422 maps to a typed error
         assert getattr(e, "status_code", 422) == 422, e

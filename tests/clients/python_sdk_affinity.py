@@ -35,16 +35,21 @@ def main(base_url: str, rounds: int) -> int:
             )
             headers = resp.raw_http_response.headers
             assert 0.0 <= resp.answers["outage"].noul <= 1.0
-            print(json.dumps({
-                "state": index,
-                "round": round_,
-                "request_id": resp.request_id,
-                "x-request-id": headers.get("x-request-id"),
-                "replica": headers.get("x-clef-replica"),
-                "cache": headers.get("x-clef-prefix-cache"),
-                "state_key": headers.get("x-clef-state-key"),
-                "balance_key": headers.get("x-clef-balance-key"),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "state": index,
+                        "round": round_,
+                        "request_id": resp.request_id,
+                        "x-request-id": headers.get("x-request-id"),
+                        "replica": headers.get("x-clef-replica"),
+                        "cache": headers.get("x-clef-prefix-cache"),
+                        "state_key": headers.get("x-clef-state-key"),
+                        "balance_key": headers.get("x-clef-balance-key"),
+                    }
+                ),
+                flush=True,
+            )
     return 0
 
 

@@ -7,6 +7,7 @@ This runs that function as a user of `tt model ps` / `tt serve` would hit it, ag
 
     python tt_discovery.py http://127.0.0.1:PORT
 """
+
 import json
 import sys
 import urllib.request

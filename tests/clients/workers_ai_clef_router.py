@@ -118,4 +118,6 @@ for t in threads:
 assert errors, "no 429 from a queue of one under 8 clients"
 assert all(e.error_code == 3040 and e.retry_after == 1.0 for e in errors), [vars(e) for e in errors]
 assert len(errors) + len(answered) == 8
-print(f"clef-router: 429 -> ClefRateLimitError 3040, retry_after 1 ({len(errors)} of 8; {len(answered)} answered)")
+print(
+    f"clef-router: 429 -> ClefRateLimitError 3040, retry_after 1 ({len(errors)} of 8; {len(answered)} answered)"
+)

@@ -7,7 +7,7 @@ use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::json::dumps;
 use clef_tt::encode::LengthRule;
-use clef_tt::engine::worker::Engine;
+use clef_tt::engine::worker::{Engine, Packing};
 use clef_tt::engine::Pipeline;
 use clef_tt::media::MediaLimits;
 use clef_tt::request::HostLimits;
@@ -59,7 +59,20 @@ pub fn start_with<B: clef_device::MeshOps + Send + 'static>(
 where
     B::Tensor: Send,
 {
-    let engine = Engine::start(pipelines, queue, None, None);
+    start_packing(settings, pipelines, queue, Packing::OFF)
+}
+
+/// [`start_with`] whose workers pack queued requests as `packing` says.
+pub fn start_packing<B: clef_device::MeshOps + Send + 'static>(
+    settings: ServerSettings,
+    pipelines: Vec<Pipeline<B>>,
+    queue: usize,
+    packing: Packing,
+) -> String
+where
+    B::Tensor: Send,
+{
+    let engine = Engine::start(pipelines, queue, None, None, packing);
     let state = AppState::new(engine, settings);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

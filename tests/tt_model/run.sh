@@ -42,7 +42,8 @@ mount -t tmpfs -o size=1m,mode=0555 none "$repo"
 test -z "$(ls -A "$repo")" || { echo "the checkout is still visible"; exit 1; }
 cd "$scratch"
 # The image's Python: the one the shim embeds when the build made one (CLEF_TT_PYTHON, with
-# ttnn 0.81.1 as runtime.packages installs it), else the system's.
+# ttnn 0.81.1: the PyPI wheel stands in for the image's source build of tt-metal v0.81.1),
+# else the system's.
 if [ -n "${CLEF_TT_PYTHON:-}" ]; then
   "$CLEF_TT_PYTHON" -m venv venv
   venv/bin/pip install --quiet wheel/*.whl "uvicorn>=0.30" "ttnn==0.81.1"

@@ -271,6 +271,18 @@ impl MeshOps for CpuMesh {
         dense::split_cols(self, x, widths)
     }
 
+    fn packs_rows(&self) -> bool {
+        true
+    }
+
+    fn slice_rows(&self, x: &CpuTensor, rows: std::ops::Range<usize>) -> Result<CpuTensor> {
+        dense::slice_rows(self, x, rows)
+    }
+
+    fn concat_rows(&self, parts: &[CpuTensor]) -> Result<CpuTensor> {
+        dense::concat_rows(self, parts)
+    }
+
     fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
         pointwise::add(self, a, b)
     }

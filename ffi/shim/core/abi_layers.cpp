@@ -17,9 +17,8 @@ extern "C" {
 
 int clef_tt_layer_op(clef_tt_mesh* mesh, const char* op, const clef_tt_tensor* const* inputs,
                      uint32_t n_inputs, const char* params_json, const clef_tt_rope_spec* rope,
-                     const uint32_t* positions, uint32_t rows,
-                     const clef_tt_result_spec* results, uint32_t n_results,
-                     clef_tt_tensor** outs) {
+                     const uint32_t* positions, uint32_t rows, const clef_tt_result_spec* results,
+                     uint32_t n_results, clef_tt_tensor** outs) {
   return guarded("layer_op", [&] {
     Call call(mesh, "layer_op");
     if (op == nullptr || *op == '\0') invalid("argument op is null or empty");
@@ -54,8 +53,10 @@ int clef_tt_layer_op(clef_tt_mesh* mesh, const char* op, const clef_tt_tensor* c
     std::vector<StoragePtr> made = call.device().layer_op(op, views, params_json, tables);
     if (made.size() != n_results) {
       throw Error(CLEF_TT_INTERNAL, std::string(op) + ": the backend returned " +
-                                        std::to_string(made.size()) + " results, the caller "
-                                        "expects " + std::to_string(n_results));
+                                        std::to_string(made.size()) +
+                                        " results, the caller "
+                                        "expects " +
+                                        std::to_string(n_results));
     }
     for (uint32_t i = 0; i < n_results; ++i) call.result(metas[i], std::move(made[i]));
     call.publish(outs, n_results);

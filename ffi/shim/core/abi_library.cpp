@@ -45,8 +45,8 @@ void check_mesh_config(const clef_tt_mesh_config& c, uint32_t visible) {
   }
   if (needed > visible) {
     invalid("a " + text(needed) + " mesh needs " + std::to_string(needed) +
-            " devices; this process sees " + std::to_string(visible) + " (" +
-            backend().name() + " backend)");
+            " devices; this process sees " + std::to_string(visible) + " (" + backend().name() +
+            " backend)");
   }
 }
 
@@ -111,8 +111,7 @@ void write_text(const std::string& text, char* out, size_t capacity, size_t* len
 void check_read(const clef_tt_tensor& t, uint32_t device, const void* out, uint64_t need,
                 uint64_t capacity, const char* unit) {
   if (device >= t.meta.devices) {
-    invalid("device " + std::to_string(device) + " of a mesh of " +
-            std::to_string(t.meta.devices));
+    invalid("device " + std::to_string(device) + " of a mesh of " + std::to_string(t.meta.devices));
   }
   if (out == nullptr) invalid("output buffer is null");
   if (capacity < need) {
@@ -249,8 +248,8 @@ int clef_tt_mesh_take_op_stats(clef_tt_mesh* mesh, char* out, size_t capacity, s
   });
 }
 
-int clef_tt_mesh_command(clef_tt_mesh* mesh, const char* request_json, char* out,
-                         size_t capacity, size_t* len) {
+int clef_tt_mesh_command(clef_tt_mesh* mesh, const char* request_json, char* out, size_t capacity,
+                         size_t* len) {
   return guarded("mesh_command", [&] {
     Call call(mesh, "mesh_command");
     if (request_json == nullptr) invalid("argument request_json is null");
@@ -259,8 +258,7 @@ int clef_tt_mesh_command(clef_tt_mesh* mesh, const char* request_json, char* out
 }
 
 int clef_tt_tensor_upload(clef_tt_mesh* mesh, const clef_tt_tensor_desc* desc,
-                          const clef_tt_host_part* parts, uint32_t n_parts,
-                          clef_tt_tensor** out) {
+                          const clef_tt_host_part* parts, uint32_t n_parts, clef_tt_tensor** out) {
   return guarded("upload", [&] {
     Call call(mesh, "upload");
     call.output(out, "out");
@@ -272,8 +270,8 @@ int clef_tt_tensor_upload(clef_tt_mesh* mesh, const clef_tt_tensor_desc* desc,
     for (uint32_t d = 0; d < call.devices(); ++d) {
       const clef_tt_host_part& p = parts[n_parts == 1 ? 0 : d];
       if (p.bytes != want) {
-        invalid("part " + std::to_string(d) + ": " + std::to_string(p.bytes) +
-                " bytes for a " + shape_text(meta) + " " + dtype_name(desc->dtype) + " " +
+        invalid("part " + std::to_string(d) + ": " + std::to_string(p.bytes) + " bytes for a " +
+                shape_text(meta) + " " + dtype_name(desc->dtype) + " " +
                 (desc->layout == CLEF_TT_TILE ? "tile" : "row-major") + " part, expected " +
                 std::to_string(want));
       }
@@ -317,8 +315,7 @@ int clef_tt_tensor_info_get(const clef_tt_tensor* t, clef_tt_tensor_info* out) {
   });
 }
 
-int clef_tt_tensor_download(const clef_tt_tensor* t, uint32_t device, float* out,
-                            size_t capacity) {
+int clef_tt_tensor_download(const clef_tt_tensor* t, uint32_t device, float* out, size_t capacity) {
   return guarded("download", [&] {
     clef_tt_mesh* mesh = t == nullptr ? nullptr : Registry::get().mesh_of(t);
     if (mesh == nullptr) invalid("argument t is not a live tensor");

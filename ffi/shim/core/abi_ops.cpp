@@ -27,7 +27,6 @@ void groups(const Call& call, const clef_tt_tensor& x, uint32_t group) {
   }
 }
 
-
 }  // namespace
 
 extern "C" {
@@ -46,8 +45,8 @@ int clef_tt_linear(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_te
                   std::to_string(tw.meta.rows) + ", out " + std::to_string(tw.meta.cols) + "]");
     }
     clef_tt_placement p = tx.meta.placement == CLEF_TT_SHARDED ? CLEF_TT_PARTIAL
-                          : call.devices() == 1              ? CLEF_TT_REPLICATED
-                                                             : CLEF_TT_SHARDED;
+                          : call.devices() == 1                ? CLEF_TT_REPLICATED
+                                                               : CLEF_TT_SHARDED;
     call.result(call.activation_meta(tx.meta.rows, tw.meta.cols, p),
                 call.device().linear(view(tx), view(tw), *config));
     call.publish({out});
@@ -187,8 +186,8 @@ int clef_tt_rope(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_rope
   });
 }
 
-int clef_tt_append_rows(clef_tt_mesh* mesh, const clef_tt_tensor* cache,
-                        const clef_tt_tensor* rows, uint32_t heads, clef_tt_tensor** out) {
+int clef_tt_append_rows(clef_tt_mesh* mesh, const clef_tt_tensor* cache, const clef_tt_tensor* rows,
+                        uint32_t heads, clef_tt_tensor** out) {
   return guarded("append_rows", [&] {
     Call call(mesh, "append_rows");
     call.output(out, "out");
@@ -202,8 +201,7 @@ int clef_tt_append_rows(clef_tt_mesh* mesh, const clef_tt_tensor* cache,
       call.refuse(std::to_string(tr.meta.cols) + " columns in " + std::to_string(heads) + " heads");
     }
     uint32_t total = tr.meta.rows + (tc == nullptr ? 0 : tc->meta.rows);
-    clef_tt_placement p =
-        tc == nullptr ? tr.meta.placement : Call::elementwise({tc, &tr});
+    clef_tt_placement p = tc == nullptr ? tr.meta.placement : Call::elementwise({tc, &tr});
     TensorView cache_view = tc == nullptr ? view(tr) : view(*tc);
     call.result(call.activation_meta(total, tr.meta.cols, p),
                 call.device().append_rows(tc == nullptr ? nullptr : &cache_view, view(tr), heads));
@@ -250,9 +248,8 @@ int clef_tt_mul_sigmoid(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_
   });
 }
 
-int clef_tt_causal_conv1d_silu(clef_tt_mesh* mesh, const clef_tt_tensor* x,
-                               const clef_tt_tensor* w, const clef_tt_tensor* carry,
-                               uint32_t kernel, clef_tt_tensor** out,
+int clef_tt_causal_conv1d_silu(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_tensor* w,
+                               const clef_tt_tensor* carry, uint32_t kernel, clef_tt_tensor** out,
                                clef_tt_tensor** carry_out) {
   return guarded("causal_conv1d_silu", [&] {
     Call call(mesh, "causal_conv1d_silu");
@@ -298,10 +295,10 @@ int clef_tt_delta_gates(clef_tt_mesh* mesh, const clef_tt_tensor* a, const clef_
   });
 }
 
-int clef_tt_gated_delta_rule(clef_tt_mesh* mesh, const clef_tt_tensor* qkv,
-                             const clef_tt_tensor* g, const clef_tt_tensor* beta,
-                             const clef_tt_tensor* state, const clef_tt_delta_spec* spec,
-                             clef_tt_tensor** out, clef_tt_tensor** state_out) {
+int clef_tt_gated_delta_rule(clef_tt_mesh* mesh, const clef_tt_tensor* qkv, const clef_tt_tensor* g,
+                             const clef_tt_tensor* beta, const clef_tt_tensor* state,
+                             const clef_tt_delta_spec* spec, clef_tt_tensor** out,
+                             clef_tt_tensor** state_out) {
   return guarded("gated_delta_rule", [&] {
     Call call(mesh, "gated_delta_rule");
     call.output(out, "out");
@@ -311,12 +308,10 @@ int clef_tt_gated_delta_rule(clef_tt_mesh* mesh, const clef_tt_tensor* qkv,
     const clef_tt_tensor& tg = call.activation(g, "g");
     const clef_tt_tensor& tb = call.activation(beta, "beta");
     const clef_tt_tensor* ts = state == nullptr ? nullptr : &call.activation(state, "state");
-    uint64_t nk = spec->key_heads, nv = spec->value_heads, dk = spec->key_dim,
-             dv = spec->value_dim;
+    uint64_t nk = spec->key_heads, nv = spec->value_heads, dk = spec->key_dim, dv = spec->value_dim;
     uint32_t t = tq.meta.rows;
     if (tq.meta.cols != 2 * nk * dk + nv * dv || tg.meta.cols != nv || tb.meta.cols != nv ||
-        tg.meta.rows != t || tb.meta.rows != t || nk == 0 || dk == 0 || dv == 0 ||
-        nv % nk != 0) {
+        tg.meta.rows != t || tb.meta.rows != t || nk == 0 || dk == 0 || dv == 0 || nv % nk != 0) {
       call.refuse("qkv " + shape_text(tq.meta) + ", g " + shape_text(tg.meta) + ", beta " +
                   shape_text(tb.meta) + " for " + std::to_string(nk) + " key heads x " +
                   std::to_string(dk) + ", " + std::to_string(nv) + " value heads x " +
@@ -330,8 +325,7 @@ int clef_tt_gated_delta_rule(clef_tt_mesh* mesh, const clef_tt_tensor* qkv,
     TensorView state_view = view(ts == nullptr ? tq : *ts);
     StoragePair parts = call.device().gated_delta_rule(
         view(tq), view(tg), view(tb), ts == nullptr ? nullptr : &state_view, *spec);
-    call.result(call.activation_meta(t, static_cast<uint32_t>(nv * dv), p),
-                std::move(parts.first));
+    call.result(call.activation_meta(t, static_cast<uint32_t>(nv * dv), p), std::move(parts.first));
     call.result(call.activation_meta(static_cast<uint32_t>(nv * dk), static_cast<uint32_t>(dv), p),
                 std::move(parts.second));
     call.publish({out, state_out});
@@ -420,10 +414,9 @@ int clef_tt_rotary(clef_tt_mesh* mesh, const clef_tt_tensor* x, const clef_tt_te
   });
 }
 
-int clef_tt_segment_attention(clef_tt_mesh* mesh, const clef_tt_tensor* q,
-                              const clef_tt_tensor* k, const clef_tt_tensor* v, uint32_t heads,
-                              uint32_t head_dim, const uint32_t* segments, uint32_t n,
-                              clef_tt_tensor** out) {
+int clef_tt_segment_attention(clef_tt_mesh* mesh, const clef_tt_tensor* q, const clef_tt_tensor* k,
+                              const clef_tt_tensor* v, uint32_t heads, uint32_t head_dim,
+                              const uint32_t* segments, uint32_t n, clef_tt_tensor** out) {
   return guarded("segment_attention", [&] {
     Call call(mesh, "segment_attention");
     call.output(out, "out");
@@ -466,9 +459,8 @@ int clef_tt_fold_rows(clef_tt_mesh* mesh, const clef_tt_tensor* x, uint32_t grou
     if (group == 0 || tx.meta.rows % group != 0) {
       call.refuse(std::to_string(tx.meta.rows) + " rows in groups of " + std::to_string(group));
     }
-    call.result(
-        call.activation_meta(tx.meta.rows / group, tx.meta.cols * group, tx.meta.placement),
-        call.device().fold_rows(view(tx), group));
+    call.result(call.activation_meta(tx.meta.rows / group, tx.meta.cols * group, tx.meta.placement),
+                call.device().fold_rows(view(tx), group));
     call.publish({out});
   });
 }

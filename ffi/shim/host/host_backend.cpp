@@ -208,9 +208,8 @@ class HostMesh : public DeviceMesh {
   StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
                       bool one_plus) override {
     faults_.count("rms_norm");
-    return each([&](uint32_t d) {
-      return math::rms_norm(rows(x, d), values(w, d), group, eps, one_plus);
-    });
+    return each(
+        [&](uint32_t d) { return math::rms_norm(rows(x, d), values(w, d), group, eps, one_plus); });
   }
 
   StoragePtr swiglu(const TensorView& gate_up) override {
@@ -258,8 +257,8 @@ class HostMesh : public DeviceMesh {
     return each([&](uint32_t d) { return math::mul_sigmoid(rows(x, d), rows(gate, d)); });
   }
 
-  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w,
-                                 const TensorView* carry, uint32_t kernel) override {
+  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* carry,
+                                 uint32_t kernel) override {
     faults_.count("causal_conv1d_silu");
     std::vector<Rows> outs, carries;
     for (uint32_t d = 0; d < x.meta.devices; ++d) {
@@ -333,8 +332,7 @@ class HostMesh : public DeviceMesh {
                                const std::vector<Segment>& segments) override {
     faults_.count("segment_attention");
     return each([&](uint32_t d) {
-      return math::segment_attention(rows(q, d), rows(k, d), rows(v, d), heads, head_dim,
-                                     segments);
+      return math::segment_attention(rows(q, d), rows(k, d), rows(v, d), heads, head_dim, segments);
     });
   }
 
@@ -349,8 +347,8 @@ class HostMesh : public DeviceMesh {
   }
 
   std::string command(const std::string& request_json) override {
-    throw Error(CLEF_TT_UNSUPPORTED, "the host backend takes no mesh command (" +
-                                         request_json + ")");
+    throw Error(CLEF_TT_UNSUPPORTED,
+                "the host backend takes no mesh command (" + request_json + ")");
   }
 
   // The host backend runs no layer op: the caller composes each layer from the ops above,

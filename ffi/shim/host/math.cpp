@@ -65,8 +65,8 @@ std::vector<float> transposed_keys(const Rows& k, uint32_t col, uint32_t d, uint
 // out[0..d) = Σ_j p[j] · v[first + j][vcol..], summed over j in order. Whole groups of
 // kGroup channels are summed in a local array the compiler keeps in registers (summing into
 // `out` itself made every step wait on the previous step's store).
-void weighted_values(const float* p, uint32_t visible, const Rows& v, uint32_t vcol,
-                     uint32_t first, uint32_t d, float* out) {
+void weighted_values(const float* p, uint32_t visible, const Rows& v, uint32_t vcol, uint32_t first,
+                     uint32_t d, float* out) {
   constexpr uint32_t kGroup = 32;
   uint32_t c0 = 0;
   for (; c0 + kGroup <= d; c0 += kGroup) {
@@ -328,8 +328,8 @@ Rows sigmoid_all(const Rows& b) {
 std::pair<Rows, Rows> gated_delta_rule(const Rows& qkv, const Rows& g, const Rows& beta,
                                        const Rows& state, const clef_tt_delta_spec& spec) {
   FlushDenormals ftz;
-  const uint32_t nk = spec.key_heads, nv = spec.value_heads, dk = spec.key_dim,
-                 dv = spec.value_dim, t = qkv.rows, ratio = nv / nk;
+  const uint32_t nk = spec.key_heads, nv = spec.value_heads, dk = spec.key_dim, dv = spec.value_dim,
+                 t = qkv.rows, ratio = nv / nk;
   const float q_scale = std::pow(static_cast<float>(dk), -0.5f);
   // q and k of every key head, L2-normalised (q scaled), [head][t][dk].
   auto normalised = [&](uint32_t offset, float scale) {
@@ -463,8 +463,8 @@ Rows segment_attention(const Rows& q, const Rows& k, const Rows& v, uint32_t hea
       const uint32_t n = seg.end - seg.start;
       const std::vector<float> kt = transposed_keys(k, h * d, d, seg.start, seg.end);
       attend_all(
-          q, h * d, seg.start, seg.end, [n](uint32_t) { return n; }, kt, n, v, h * d, seg.start,
-          d, scores, out);
+          q, h * d, seg.start, seg.end, [n](uint32_t) { return n; }, kt, n, v, h * d, seg.start, d,
+          scores, out);
     }
   }
   return out;

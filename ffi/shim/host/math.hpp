@@ -15,8 +15,7 @@ namespace clef_tt::host::math {
 // the running sum rounded to bf16 after every 32 input channels without fp32_dest_acc.
 Rows linear(const Rows& x, const Rows& w, const clef_tt_matmul_config& config);
 Rows add(const Rows& a, const Rows& b);
-Rows rms_norm(const Rows& x, const std::vector<float>& w, uint32_t group, float eps,
-              bool one_plus);
+Rows rms_norm(const Rows& x, const std::vector<float>& w, uint32_t group, float eps, bool one_plus);
 Rows swiglu(const Rows& gate_up);
 // Column `half` (0 query, 1 gate) of every head's [query | gate].
 Rows pick_half(const Rows& qg, uint32_t heads, uint32_t d, uint32_t half);
@@ -35,8 +34,7 @@ std::pair<Rows, Rows> gated_delta_rule(const Rows& qkv, const Rows& g, const Row
 Rows gated_rms_norm(const Rows& x, const Rows& z, const std::vector<float>& w, uint32_t group,
                     float eps);
 
-Rows layer_norm(const Rows& x, const std::vector<float>& w, const std::vector<float>& b,
-                float eps);
+Rows layer_norm(const Rows& x, const std::vector<float>& w, const std::vector<float>& b, float eps);
 Rows add_bias(const Rows& x, const std::vector<float>& b);
 Rows gelu(const Rows& x, clef_tt_gelu_kind kind);
 Rows rotary(const Rows& x, const Rows& cos, const Rows& sin, uint32_t head_dim);

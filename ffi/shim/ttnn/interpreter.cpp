@@ -88,8 +88,10 @@ void start(State& s) {
   auto [python, how] = choose_python();
   std::string tried = python + " (" + how + ")";
   if (!executable(python)) {
-    s.failure = "no Python interpreter at " + tried + "; the ttnn backend needs one whose "
-                "environment has ttnn: " + kInstall;
+    s.failure = "no Python interpreter at " + tried +
+                "; the ttnn backend needs one whose "
+                "environment has ttnn: " +
+                kInstall;
     return;
   }
   std::string found = venv_version(python);
@@ -143,8 +145,8 @@ void start(State& s) {
       prefix = py::str(py::module_::import("sys").attr("prefix"));
     } catch (...) {
     }
-    s.failure = std::string(e.what()) + " [Python: " + tried + ", CPython " +
-                CLEF_TT_PY_VERSION + ", sys.prefix " + prefix + "]; " + kInstall;
+    s.failure = std::string(e.what()) + " [Python: " + tried + ", CPython " + CLEF_TT_PY_VERSION +
+                ", sys.prefix " + prefix + "]; " + kInstall;
   }
 }
 
@@ -179,8 +181,7 @@ void python_error(const char* what, py::error_already_set& e) {
   std::string op = what;
   std::string message = trimmed(e.what());
   if (op == "result check") message = op + ": " + message;
-  bool oom = e.matches(PyExc_MemoryError) ||
-             message.find("Out of Memory") != std::string::npos ||
+  bool oom = e.matches(PyExc_MemoryError) || message.find("Out of Memory") != std::string::npos ||
              message.find("out of memory") != std::string::npos;
   if (e.matches(PyExc_ValueError)) throw Error(CLEF_TT_INVALID_ARGUMENT, message);
   // A layer op (or a form of one) the package does not run: raised before any ttnn call.

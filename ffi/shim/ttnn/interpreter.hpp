@@ -49,8 +49,8 @@ auto with_python(const char* what, F&& body) -> decltype(body()) {
   } catch (py::error_already_set& e) {
     python_error(what, e);
   } catch (const py::cast_error& e) {
-    throw Error(CLEF_TT_INTERNAL, std::string(what) + ": unexpected result from clef_tt_ttnn (" +
-                                      e.what() + ")");
+    throw Error(CLEF_TT_INTERNAL,
+                std::string(what) + ": unexpected result from clef_tt_ttnn (" + e.what() + ")");
   }
 }
 

@@ -92,9 +92,8 @@ class PyStorage : public Storage {
 
  private:
   static bool same(const Meta& a, const Meta& b) {
-    return a.rows == b.rows && a.cols == b.cols && a.devices == b.devices &&
-           a.dtype == b.dtype && a.layout == b.layout && a.role == b.role &&
-           a.placement == b.placement;
+    return a.rows == b.rows && a.cols == b.cols && a.devices == b.devices && a.dtype == b.dtype &&
+           a.layout == b.layout && a.role == b.role && a.placement == b.placement;
   }
 
   Shared mesh_;
@@ -181,21 +180,19 @@ class PyMesh : public DeviceMesh {
   }
 
   std::vector<uint32_t> device_ids() const override {
-    return with_python("device_ids", [&] {
-      return py::cast<std::vector<uint32_t>>(mesh_->attr("device_ids")());
-    });
+    return with_python(
+        "device_ids", [&] { return py::cast<std::vector<uint32_t>>(mesh_->attr("device_ids")()); });
   }
 
   std::vector<uint64_t> memory() const override {
-    return with_python("memory", [&] {
-      return py::cast<std::vector<uint64_t>>(mesh_->attr("memory")());
-    });
+    return with_python("memory",
+                       [&] { return py::cast<std::vector<uint64_t>>(mesh_->attr("memory")()); });
   }
 
   std::string describe() override {
     return with_python("describe", [&] {
-      return py::cast<std::string>(py::module_::import("json").attr("dumps")(
-          mesh_->attr("describe")()));
+      return py::cast<std::string>(
+          py::module_::import("json").attr("dumps")(mesh_->attr("describe")()));
     });
   }
 
@@ -231,8 +228,7 @@ class PyMesh : public DeviceMesh {
 
   void download(const TensorView& t, uint32_t device, float* out) override {
     with_python("download", [&] {
-      py::object b =
-          mesh_->attr("download_values")(meta_object(t.meta), storage(t).obj(), device);
+      py::object b = mesh_->attr("download_values")(meta_object(t.meta), storage(t).obj(), device);
       copy_floats_out("download", b, out, static_cast<uint64_t>(t.meta.rows) * t.meta.cols);
     });
   }
@@ -246,8 +242,7 @@ class PyMesh : public DeviceMesh {
 
   uint64_t device_bytes(const TensorView& t) override {
     return with_python("device_bytes", [&] {
-      return py::cast<uint64_t>(
-          mesh_->attr("device_bytes")(meta_object(t.meta), storage(t).obj()));
+      return py::cast<uint64_t>(mesh_->attr("device_bytes")(meta_object(t.meta), storage(t).obj()));
     });
   }
 
@@ -300,26 +295,24 @@ class PyMesh : public DeviceMesh {
     return op("swiglu", [&] { return mesh_->attr("swiglu")(arg(gate_up)); });
   }
 
-  StoragePair split_query_gate(const TensorView& qg, uint32_t heads,
-                               uint32_t head_dim) override {
+  StoragePair split_query_gate(const TensorView& qg, uint32_t heads, uint32_t head_dim) override {
     return pair("split_query_gate",
                 [&] { return mesh_->attr("split_query_gate")(arg(qg), heads, head_dim); });
   }
 
   StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
                   uint32_t head_dim) override {
-    return op("rope", [&] { return mesh_->attr("rope")(arg(x), rope_arg(tables), heads, head_dim); });
+    return op("rope",
+              [&] { return mesh_->attr("rope")(arg(x), rope_arg(tables), heads, head_dim); });
   }
 
-  StoragePtr append_rows(const TensorView* cache, const TensorView& rows,
-                         uint32_t heads) override {
+  StoragePtr append_rows(const TensorView* cache, const TensorView& rows, uint32_t heads) override {
     return op("append_rows",
               [&] { return mesh_->attr("append_rows")(optional_arg(cache), arg(rows), heads); });
   }
 
-  StoragePtr causal_attention(const TensorView& q, const TensorView& keys,
-                              const TensorView& values, uint32_t heads, uint32_t kv_heads,
-                              uint32_t head_dim) override {
+  StoragePtr causal_attention(const TensorView& q, const TensorView& keys, const TensorView& values,
+                              uint32_t heads, uint32_t kv_heads, uint32_t head_dim) override {
     return op("causal_attention", [&] {
       return mesh_->attr("causal_attention")(arg(q), arg(keys), arg(values), heads, kv_heads,
                                              head_dim);
@@ -330,8 +323,8 @@ class PyMesh : public DeviceMesh {
     return op("mul_sigmoid", [&] { return mesh_->attr("mul_sigmoid")(arg(x), arg(gate)); });
   }
 
-  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w,
-                                 const TensorView* carry, uint32_t kernel) override {
+  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* carry,
+                                 uint32_t kernel) override {
     return pair("causal_conv1d_silu", [&] {
       return mesh_->attr("causal_conv1d_silu")(arg(x), arg(w), optional_arg(carry), kernel);
     });
@@ -359,15 +352,13 @@ class PyMesh : public DeviceMesh {
 
   StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
                             uint32_t group, float eps) override {
-    return op("gated_rms_norm", [&] {
-      return mesh_->attr("gated_rms_norm")(arg(x), arg(z), arg(w), group, eps);
-    });
+    return op("gated_rms_norm",
+              [&] { return mesh_->attr("gated_rms_norm")(arg(x), arg(z), arg(w), group, eps); });
   }
 
   StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
                         float eps) override {
-    return op("layer_norm",
-              [&] { return mesh_->attr("layer_norm")(arg(x), arg(w), arg(b), eps); });
+    return op("layer_norm", [&] { return mesh_->attr("layer_norm")(arg(x), arg(w), arg(b), eps); });
   }
 
   StoragePtr add_bias(const TensorView& x, const TensorView& b) override {
@@ -380,9 +371,8 @@ class PyMesh : public DeviceMesh {
 
   StoragePtr rotary(const TensorView& x, const TensorView& cos, const TensorView& sin,
                     uint32_t heads, uint32_t head_dim) override {
-    return op("rotary", [&] {
-      return mesh_->attr("rotary")(arg(x), arg(cos), arg(sin), heads, head_dim);
-    });
+    return op("rotary",
+              [&] { return mesh_->attr("rotary")(arg(x), arg(cos), arg(sin), heads, head_dim); });
   }
 
   StoragePtr segment_attention(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -462,14 +452,15 @@ class PyBackend : public Backend {
   bool exclusive_devices() const override { return true; }
 
   uint32_t visible_devices() override {
-    return with_python("visible_devices",
-                       [&] { return py::cast<uint32_t>(python_backend().attr("visible_devices")()); });
+    return with_python("visible_devices", [&] {
+      return py::cast<uint32_t>(python_backend().attr("visible_devices")());
+    });
   }
 
   std::string describe() override {
     return with_python("describe", [&] {
-      return py::cast<std::string>(py::module_::import("json").attr("dumps")(
-          python_backend().attr("describe")()));
+      return py::cast<std::string>(
+          py::module_::import("json").attr("dumps")(python_backend().attr("describe")()));
     });
   }
 

@@ -1,5 +1,6 @@
 //! The dense ops of the CPU mesh: the linear projection (the packed matmul of `cpu::matmul`),
-//! the all-reduce between shards, and the column reshapes (split, fold).
+//! the all-reduce between shards, and the reshapes (split and fold columns; slice and concat
+//! rows, around the time-mixing ops of a packed pass).
 
 use crate::cpu::matmul;
 use crate::cpu::{layout, shape, CpuMesh, CpuTensor, CpuWeight, CpuWeightPart, Placement};
@@ -107,5 +108,58 @@ pub(in crate::cpu) fn fold_rows(mesh: &CpuMesh, x: &CpuTensor, group: usize) -> 
             s.cols * group,
             s.data.clone(),
         ))
+    })
+}
+
+/// Rows `rows` of every part ([`MeshOps::slice_rows`]).
+pub(in crate::cpu) fn slice_rows(
+    mesh: &CpuMesh,
+    x: &CpuTensor,
+    rows: std::ops::Range<usize>,
+) -> Result<CpuTensor> {
+    let _t = mesh.timer("slice_rows");
+    let mut shards = Vec::with_capacity(x.shards.len());
+    for s in &x.shards {
+        if rows.start > rows.end || rows.end > s.rows {
+            return Err(shape(
+                "slice_rows",
+                format!("rows {rows:?} of a part of {} rows", s.rows),
+            ));
+        }
+        let data = s.data[rows.start * s.cols..rows.end * s.cols].to_vec();
+        shards.push(HostTensor::new(rows.len(), s.cols, data));
+    }
+    Ok(CpuTensor {
+        placement: x.placement,
+        shards,
+    })
+}
+
+/// The parts stacked by rows ([`MeshOps::concat_rows`]).
+pub(in crate::cpu) fn concat_rows(mesh: &CpuMesh, parts: &[CpuTensor]) -> Result<CpuTensor> {
+    let _t = mesh.timer("concat_rows");
+    let Some(first) = parts.first() else {
+        return Err(shape("concat_rows", "no parts".into()));
+    };
+    let mut shards = Vec::with_capacity(first.shards.len());
+    for d in 0..first.shards.len() {
+        let cols = first.shards[d].cols;
+        let mut rows = 0;
+        let mut data = Vec::new();
+        for p in parts {
+            let s = p.shards.get(d).filter(|s| s.cols == cols).ok_or_else(|| {
+                shape("concat_rows", format!("parts of {cols} columns and others"))
+            })?;
+            if p.placement != first.placement {
+                return Err(layout("concat_rows", "uniformly placed", p.placement));
+            }
+            rows += s.rows;
+            data.extend_from_slice(&s.data);
+        }
+        shards.push(HostTensor::new(rows, cols, data));
+    }
+    Ok(CpuTensor {
+        placement: first.placement,
+        shards,
     })
 }

@@ -19,7 +19,8 @@ Layout (mirrors ffi/shim/backend.hpp):
                compute kernel and program configs
 Imports only ttnn and numpy (never torch); CPython 3.10 and 3.12.
 """
-from .meta import Meta  # noqa: F401
+
 from . import meta as enums  # noqa: F401
-from .backend import Backend, Parent, TTNN_VERSION  # noqa: F401
+from .backend import TTNN_VERSION, Backend, Parent  # noqa: F401
 from .mesh import Mesh  # noqa: F401
+from .meta import Meta  # noqa: F401

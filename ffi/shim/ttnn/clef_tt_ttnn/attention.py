@@ -15,6 +15,7 @@ segment_attention: as the port's vision attention, one bidirectional
 `cu_window_seqlens` (block-diagonal attention, mask built on the device). Rows are zero-padded to
 a multiple of 32 and the padding is its own last window, so no real row sees a padded key.
 """
+
 from .meta import KV_BLOCK, TILE_SIZE, f32, round_up
 from .programs import precise, sdpa_chunks, sdpa_program
 
@@ -39,8 +40,10 @@ class Attention:
         mk = keys[0]
         d = head_dim
         if kv_heads <= 0 or heads % kv_heads or mq.cols != heads * d or mk.rows < mq.rows:
-            raise ValueError("causal_attention: q %dx%d, keys %dx%d for %d heads, %d kv heads x %d"
-                             % (mq.rows, mq.cols, mk.rows, mk.cols, heads, kv_heads, d))
+            raise ValueError(
+                "causal_attention: q %dx%d, keys %dx%d for %d heads, %d kv heads x %d"
+                % (mq.rows, mq.cols, mk.rows, mk.cols, heads, kv_heads, d)
+            )
         k, k_made = self.as_kv(keys, kv_heads)
         v, v_made = self.as_kv(values, kv_heads)
         qh = self.kv_input(qo.t, heads, d, k.pool.dp)
@@ -72,13 +75,19 @@ class Attention:
             qf = qh
         needed = (aligned + round_up(length, q_chunk) + KV_BLOCK - 1) // KV_BLOCK
         table = self.kv_table(k, v, needed)
-        o = self.tt.call("transformer.chunked_scaled_dot_product_attention",
-                         self.ttnn.transformer.chunked_scaled_dot_product_attention,
-                         qf, k.pool.t, v.pool.t, table, chunk_start_idx=aligned,
-                         scale=f32(d ** -0.5), program_config=sdpa_program(self.ttnn, self.grid,
-                                                                      q_chunk, k_chunk),
-                         compute_kernel_config=ckc or precise(self.ttnn),
-                         memory_config=self.dram)
+        o = self.tt.call(
+            "transformer.chunked_scaled_dot_product_attention",
+            self.ttnn.transformer.chunked_scaled_dot_product_attention,
+            qf,
+            k.pool.t,
+            v.pool.t,
+            table,
+            chunk_start_idx=aligned,
+            scale=f32(d**-0.5),
+            program_config=sdpa_program(self.ttnn, self.grid, q_chunk, k_chunk),
+            compute_kernel_config=ckc or precise(self.ttnn),
+            memory_config=self.dram,
+        )
         if qf is not qh:
             self.drop(qf)
         if not front:
@@ -93,10 +102,17 @@ class Attention:
         t = self.internal.get(key)
         if t is None:
             import numpy as np
-            t = self.tt.call("Tensor", self.ttnn.Tensor, np.array(bounds, dtype=np.int32),
-                             data_type=self.ttnn.int32, layout=self.ttnn.ROW_MAJOR_LAYOUT,
-                             device=self.device, mem_config=self.dram,
-                             mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device))
+
+            t = self.tt.call(
+                "Tensor",
+                self.ttnn.Tensor,
+                np.array(bounds, dtype=np.int32),
+                data_type=self.ttnn.int32,
+                layout=self.ttnn.ROW_MAJOR_LAYOUT,
+                device=self.device,
+                mem_config=self.dram,
+                mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device),
+            )
             self.keep_internal(key, t)
         return t
 
@@ -107,12 +123,15 @@ class Attention:
         nxt = 0
         for s, e in segments:
             if s != nxt or e <= s:
-                raise ValueError("segment_attention: segments %s do not tile %d rows"
-                                 % (list(segments), mq.rows))
+                raise ValueError(
+                    "segment_attention: segments %s do not tile %d rows" % (list(segments), mq.rows)
+                )
             nxt = e
         if nxt != mq.rows or mq.cols != heads * d:
-            raise ValueError("segment_attention: q %dx%d for %d heads x %d, segments end at %d"
-                             % (mq.rows, mq.cols, heads, d, nxt))
+            raise ValueError(
+                "segment_attention: q %dx%d for %d heads x %d, segments end at %d"
+                % (mq.rows, mq.cols, heads, d, nxt)
+            )
         rows = mq.rows
         padded = round_up(rows, TILE_SIZE)
         bounds = [0] + [e for _, e in segments] + ([padded] if padded > rows else [])
@@ -123,12 +142,19 @@ class Attention:
             if x is not obj.t:
                 self.drop(x)
         chunk = 128 if padded >= 2048 else 64
-        o = self.tt.call("transformer.scaled_dot_product_attention",
-                         self.ttnn.transformer.scaled_dot_product_attention,
-                         parts[0], parts[1], parts[2], is_causal=False, scale=f32(d ** -0.5),
-                         cu_window_seqlens=self.windows(bounds),
-                         program_config=sdpa_program(self.ttnn, self.grid, chunk, chunk),
-                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
+        o = self.tt.call(
+            "transformer.scaled_dot_product_attention",
+            self.ttnn.transformer.scaled_dot_product_attention,
+            parts[0],
+            parts[1],
+            parts[2],
+            is_causal=False,
+            scale=f32(d**-0.5),
+            cu_window_seqlens=self.windows(bounds),
+            program_config=sdpa_program(self.ttnn, self.grid, chunk, chunk),
+            compute_kernel_config=precise(self.ttnn),
+            memory_config=self.dram,
+        )
         self.drop(*parts)
         out = self._heads_out(o, 0, rows, d)
         if out is not o:

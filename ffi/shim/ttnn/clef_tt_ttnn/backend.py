@@ -9,6 +9,7 @@ chips, and opening meshes exactly as the Tenstorrent port does (spec/tenstorrent
   `create_submesh(MeshShape(1, cols), MeshCoordinate(0, offset))`; a submesh closes before its
   parent (the core keeps the parent alive while a submesh is open; `Parent.close()` closes it).
 """
+
 import os
 
 from .mesh import Mesh
@@ -20,7 +21,7 @@ _fabric_users = 0
 
 def _reason(error):
     """The message of a tt-metal exception (the line after its "info:"), else its first line."""
-    lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     if "info:" in lines and lines.index("info:") + 1 < len(lines):
         return lines[lines.index("info:") + 1]
     return lines[0] if lines else repr(error)
@@ -32,6 +33,7 @@ def _ttnn_version(ttnn):
         return v
     try:
         from importlib.metadata import version
+
         return version("ttnn")
     except Exception:
         return str(v)
@@ -68,12 +70,18 @@ class Backend:
         try:
             import ttnn
         except ImportError as e:
-            raise RuntimeError("the ttnn backend needs the ttnn Python package %s: "
-                               "pip install ttnn==%s (%s)" % (TTNN_VERSION, TTNN_VERSION, e))
+            raise RuntimeError(
+                "the ttnn backend needs the ttnn Python package %s: "
+                "pip install ttnn==%s (%s)" % (TTNN_VERSION, TTNN_VERSION, e)
+            ) from e
         found = _ttnn_version(ttnn)
         if found != TTNN_VERSION:
-            raise RuntimeError("the ttnn backend is written for ttnn %s, found ttnn %s: "
-                               "pip install ttnn==%s" % (TTNN_VERSION, found, TTNN_VERSION))
+            raise RuntimeError(
+                "the ttnn backend is written for ttnn %s, found ttnn %s: "
+                "pip install ttnn==%s, or build tt-metal from a clean checkout "
+                "at its v%s tag (a tt-model image: source.tt_metal)"
+                % (TTNN_VERSION, found, TTNN_VERSION, TTNN_VERSION)
+            )
         self.ttnn = ttnn
         self.version = found
 
@@ -110,7 +118,8 @@ class Backend:
             mesh_shape=ttnn.MeshShape(1, int(cols)),
             l1_small_size=int(config.get("l1_small_size", 0)),
             trace_region_size=int(config.get("trace_region_size", 0)),
-            num_command_queues=int(config.get("num_command_queues", 1) or 1))
+            num_command_queues=int(config.get("num_command_queues", 1) or 1),
+        )
         device.enable_program_cache()
         return device
 
@@ -143,7 +152,11 @@ class Backend:
     def describe(self):
         """The backend as clef_tt_describe reports it: {"backend", "hardware", "runtime",
         "devices"}; an open mesh's describe() has its grid and memory."""
-        facts = {"backend": self.name, "hardware": self.hardware(), "runtime": "ttnn " + self.version}
+        facts = {
+            "backend": self.name,
+            "hardware": self.hardware(),
+            "runtime": "ttnn " + self.version,
+        }
         try:
             facts["devices"] = self.visible_devices()
         except RuntimeError as e:

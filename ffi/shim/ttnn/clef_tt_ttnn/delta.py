@@ -39,6 +39,7 @@ gated_rms_norm.
   multiply's input activation, one program; not ttnn's fused gated norm: the port found that
   form overflows for large z).
 """
+
 import os
 
 import numpy as np
@@ -72,23 +73,32 @@ class DeltaOps:
 
     def native_conv(self, rows, channels, kernel):
         """Whether causal_conv1d_silu takes ttnn's native conv (see the module docstring)."""
-        return (CONV_FORM != "fir"
-                and kernel == NATIVE_CONV_TAPS and self.act_dtype == self.ttnn.bfloat16
-                and channels % TILE_SIZE == 0 and channels >= 3 * TILE_SIZE
-                and rows >= NATIVE_CONV_TAPS - 1)
+        return (
+            CONV_FORM != "fir"
+            and kernel == NATIVE_CONV_TAPS
+            and self.act_dtype == self.ttnn.bfloat16
+            and channels % TILE_SIZE == 0
+            and channels >= 3 * TILE_SIZE
+            and rows >= NATIVE_CONV_TAPS - 1
+        )
 
     def _conv_history(self, carry, ch):
         """The conv's ROW_MAJOR bf16 [1, 3, ch] history: the carry as the native conv left it,
         an uploaded or FIR-made TILE carry converted, or zeros (made once per width)."""
         ttnn, keep = self.ttnn, NATIVE_CONV_TAPS - 1
         if carry is None:
-            return self.internal_once(("conv_zero_history", ch), lambda: self.host_rows(
-                [np.zeros((1, keep, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT)), []
+            return self.internal_once(
+                ("conv_zero_history", ch),
+                lambda: self.host_rows(
+                    [np.zeros((1, keep, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT
+                ),
+            ), []
         made = []
         h = carry[1].t
         if h.layout != ttnn.ROW_MAJOR_LAYOUT:
-            h = self.tt.call("to_layout", ttnn.to_layout, h, ttnn.ROW_MAJOR_LAYOUT,
-                             memory_config=self.dram)
+            h = self.tt.call(
+                "to_layout", ttnn.to_layout, h, ttnn.ROW_MAJOR_LAYOUT, memory_config=self.dram
+            )
             made.append(h)
         if h.dtype != ttnn.bfloat16:
             h = self.typecast(h, ttnn.bfloat16)
@@ -101,8 +111,12 @@ class DeltaOps:
     def _conv_start(self):
         """The native conv's `actual_start`: a replicated UINT32 [0] (every chunk reads its
         history: the carry, or zeros at the sequence start), made once per mesh."""
-        return self.internal_once(("conv_actual_start",), lambda: self.host_rows(
-            [np.zeros((1,), np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT))
+        return self.internal_once(
+            ("conv_actual_start",),
+            lambda: self.host_rows(
+                [np.zeros((1,), np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT
+            ),
+        )
 
     def _conv_native(self, x, w, carry):
         mx, xo = x
@@ -126,8 +140,12 @@ class DeltaOps:
         ch = sum(widths)
         tp = round_up(t, TILE_SIZE)
         hist, made = self._conv_history(carry, ch)
-        tap_rows = [self.row_of(w[1], ("tap", j, taps), ttnn.bfloat16,
-                                lambda v, j=j: v.reshape(-1, taps)[:, j]) for j in range(taps)]
+        tap_rows = [
+            self.row_of(
+                w[1], ("tap", j, taps), ttnn.bfloat16, lambda v, j=j: v.reshape(-1, taps)[:, j]
+            )
+            for j in range(taps)
+        ]
         xp = self.pad_end(xt, 2, tp)
         x3 = self.reshape(xp, (1, tp, self.shape(xp)[3]))
         chunk = next(c for c in (512, 256, 128, 64, 32) if all(p % c == 0 for p in widths))
@@ -137,16 +155,32 @@ class DeltaOps:
             buffer, semaphores = self._conv_exchange(ch)
             q, k, v, nxt = self.tt.call(
                 "experimental.kda.qkv_causal_conv1d_silu_with_carry",
-                kda.qkv_causal_conv1d_silu_with_carry, x3, hist, *tap_rows, *widths,
-                program_config=config, actual_start=self._conv_start(),
-                exchange_buffer=buffer, exchange_semaphores=semaphores,
-                actual_end=self._conv_end(t), memory_config=self.dram)
+                kda.qkv_causal_conv1d_silu_with_carry,
+                x3,
+                hist,
+                *tap_rows,
+                *widths,
+                program_config=config,
+                actual_start=self._conv_start(),
+                exchange_buffer=buffer,
+                exchange_semaphores=semaphores,
+                actual_end=self._conv_end(t),
+                memory_config=self.dram,
+            )
             parts = (q, k, v, self.reshape(nxt, (1, 1, NATIVE_CONV_TAPS - 1, ch)))
         else:
-            parts = self.tt.call("experimental.kda.qkv_causal_conv1d_silu",
-                                 kda.qkv_causal_conv1d_silu, x3, hist, *tap_rows, *widths,
-                                 program_config=config, actual_start=self._conv_start(),
-                                 predecessor_carry=hist, memory_config=self.dram)
+            parts = self.tt.call(
+                "experimental.kda.qkv_causal_conv1d_silu",
+                kda.qkv_causal_conv1d_silu,
+                x3,
+                hist,
+                *tap_rows,
+                *widths,
+                program_config=config,
+                actual_start=self._conv_start(),
+                predecessor_carry=hist,
+                memory_config=self.dram,
+            )
         self.drop(*[m for m in made + [xp, x3] if m is not xt])
         return parts
 
@@ -155,23 +189,35 @@ class DeltaOps:
         semaphores (on `qkv_causal_conv1d_silu_exchange_core`, zero) the carry-returning conv
         takes, made once per mesh and width."""
         ttnn = self.ttnn
-        buffer = self.internal_once(("conv_exchange", ch), lambda: self.host_rows(
-            [np.zeros((1, 12, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT))
+        buffer = self.internal_once(
+            ("conv_exchange", ch),
+            lambda: self.host_rows(
+                [np.zeros((1, 12, ch), np.float32)], ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT
+            ),
+        )
         sems = self.conv_semaphores
         if sems is None:
             kda = ttnn._ttnn.operations.experimental.kda
             core = kda.qkv_causal_conv1d_silu_exchange_core(
-                self.device.compute_with_storage_grid_size())
+                self.device.compute_with_storage_grid_size()
+            )
             cores = ttnn.CoreRangeSet({ttnn.CoreRange(core, core)})
             sems = self.conv_semaphores = [
-                self.tt.call("create_global_semaphore", ttnn.create_global_semaphore,
-                             self.device, cores, 0) for _ in range(3)]
+                self.tt.call(
+                    "create_global_semaphore", ttnn.create_global_semaphore, self.device, cores, 0
+                )
+                for _ in range(3)
+            ]
         return buffer, sems
 
     def _conv_end(self, t):
         """The carry-returning conv's `actual_end`: a replicated UINT32 [t] (per row count)."""
-        return self.internal_once(("conv_actual_end", t), lambda: self.host_rows(
-            [np.full((1,), t, np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT))
+        return self.internal_once(
+            ("conv_actual_end", t),
+            lambda: self.host_rows(
+                [np.full((1,), t, np.float32)], self.ttnn.uint32, self.ttnn.ROW_MAJOR_LAYOUT
+            ),
+        )
 
     def conv_carry(self, xt, t, ch):
         """The native conv's next history: the last 3 of `t` rows of xt's first `ch` columns,
@@ -180,8 +226,9 @@ class DeltaOps:
         ttnn, keep = self.ttnn, NATIVE_CONV_TAPS - 1
         r0 = (t - keep) // TILE_SIZE * TILE_SIZE
         block = self.slice(xt, (0, 0, r0, 0), (1, 1, t, ch))
-        block_rm = self.tt.call("to_layout", ttnn.to_layout, block, ttnn.ROW_MAJOR_LAYOUT,
-                                memory_config=self.dram)
+        block_rm = self.tt.call(
+            "to_layout", ttnn.to_layout, block, ttnn.ROW_MAJOR_LAYOUT, memory_config=self.dram
+        )
         carry = self.rows(block_rm, t - keep - r0, t - r0)
         self.drop(*[m for m in (block, block_rm) if m is not carry and m is not xt])
         return carry
@@ -202,8 +249,9 @@ class DeltaOps:
         ext32 = self.typecast(ext, ttnn.float32)
         acc = None
         for j in range(kernel):
-            tap = self.row_of(w[1], ("tap", j, kernel), ttnn.float32,
-                              lambda v, j=j: v.reshape(-1, kernel)[:, j])
+            tap = self.row_of(
+                w[1], ("tap", j, kernel), ttnn.float32, lambda v, j=j: v.reshape(-1, kernel)[:, j]
+            )
             shifted = self.rows(ext32, j, j + t)
             term = call("multiply", ttnn.multiply, shifted, tap, memory_config=dram)
             if shifted is not ext32:
@@ -234,24 +282,40 @@ class DeltaOps:
         zeros = self.row_of(dt_bias[1], "zeros_f32", fp32, np.zeros_like)
         neg_exp = self.row_of(a_log[1], "neg_exp_f32", fp32, lambda v: -np.exp(v))
         softplus = ttnn.UnaryWithParam(ttnn.UnaryOpType.SOFTPLUS, 1.0, 20.0)
-        sp = call("add", ttnn.add, a[1].t, bias, activations=[softplus], dtype=fp32,
-                  memory_config=dram)
+        sp = call(
+            "add", ttnn.add, a[1].t, bias, activations=[softplus], dtype=fp32, memory_config=dram
+        )
         g = call("multiply", ttnn.multiply, sp, neg_exp, memory_config=dram)
-        beta = call("add", ttnn.add, b[1].t, zeros, activations=[self.unary("SIGMOID")],
-                    dtype=fp32, memory_config=dram)
+        beta = call(
+            "add",
+            ttnn.add,
+            b[1].t,
+            zeros,
+            activations=[self.unary("SIGMOID")],
+            dtype=fp32,
+            memory_config=dram,
+        )
         self.drop(sp)
         return self.wrap(g), self.wrap(beta)
 
     def delta_constants(self):
         """eye, tril, ones [1, 1, 32, 32] and the quadrant masks [1, 1, 32, 96], f32, per mesh."""
+
         def make():
             c = DELTA_CHUNK
             i, j = np.arange(32)[:, None], np.arange(32)[None, :]
             lo_i, lo_j = i < 16, j < 16
             masks = np.concatenate([(lo_i & lo_j), (~lo_i & ~lo_j), (~lo_i & lo_j)], axis=1)
             arrays = [np.eye(c), np.tril(np.ones((c, c))), np.ones((c, c)), masks]
-            return tuple(self.host_rows([a.astype(np.float32).reshape(1, 1, *a.shape)],
-                                        self.ttnn.float32, self.ttnn.TILE_LAYOUT) for a in arrays)
+            return tuple(
+                self.host_rows(
+                    [a.astype(np.float32).reshape(1, 1, *a.shape)],
+                    self.ttnn.float32,
+                    self.ttnn.TILE_LAYOUT,
+                )
+                for a in arrays
+            )
+
         return self.internal_once(("delta_constants",), make)
 
     def _pad_heads(self, t, rows, heads, d, dp):
@@ -267,10 +331,17 @@ class DeltaOps:
     def _l2(self, t, d_real, scale):
         """x / sqrt(sum(x^2) + 1e-6) * scale over the last dim (width dp) of t."""
         dp = self.shape(t)[-1]
-        n = self.tt.call("rms_norm", self.ttnn.rms_norm, t, epsilon=f32(1e-6 / dp),
-                         compute_kernel_config=precise(self.ttnn), memory_config=self.dram)
-        out = self.tt.call("multiply", self.ttnn.multiply, n, f32(scale * dp ** -0.5),
-                           memory_config=self.dram)
+        n = self.tt.call(
+            "rms_norm",
+            self.ttnn.rms_norm,
+            t,
+            epsilon=f32(1e-6 / dp),
+            compute_kernel_config=precise(self.ttnn),
+            memory_config=self.dram,
+        )
+        out = self.tt.call(
+            "multiply", self.ttnn.multiply, n, f32(scale * dp**-0.5), memory_config=self.dram
+        )
         self.drop(n)
         return out
 
@@ -280,8 +351,10 @@ class DeltaOps:
         dk, dv = int(spec["key_dim"]), int(spec["value_dim"])
         t = mx.rows
         if nk <= 0 or nv % nk or mx.cols != 2 * nk * dk + nv * dv:
-            raise ValueError("gated_delta_rule: qkv %dx%d for %d key heads x %d, %d value heads"
-                             " x %d" % (mx.rows, mx.cols, nk, dk, nv, dv))
+            raise ValueError(
+                "gated_delta_rule: qkv %dx%d for %d key heads x %d, %d value heads"
+                " x %d" % (mx.rows, mx.cols, nk, dk, nv, dv)
+            )
         ttnn, call, fp32 = self.ttnn, self.tt.call, self.ttnn.float32
         dkp, dvp = round_up(dk, TILE_SIZE), round_up(dv, TILE_SIZE)
         flat = dkp == dvp
@@ -302,13 +375,13 @@ class DeltaOps:
             g32 = keep(self.typecast(gt, fp32))
             gates.append(keep(self.reshape(keep(self.pad_end(g32, 2, tp)), (1, tp, nv))))
         if flat:
-            scale = dk ** -0.5
+            scale = dk**-0.5
             q = keep(self.reshape(q, (1, tp, nk * dkp)))
             k = keep(self.reshape(k, (1, tp, nk * dkp)))
             v = keep(self.reshape(v, (1, tp, nv * dvp)))
         else:
             scale = 1.0
-            q = keep(self._l2(keep(self.reshape(q, (1, tp, nk, dkp))), dk, dk ** -0.5))
+            q = keep(self._l2(keep(self.reshape(q, (1, tp, nk, dkp))), dk, dk**-0.5))
             k = keep(self._l2(keep(self.reshape(k, (1, tp, nk, dkp))), dk, 1.0))
             v = keep(self.reshape(v, (1, tp, nv, dvp)))
         s = None
@@ -324,11 +397,24 @@ class DeltaOps:
             p1 = min(tp, p0 + DELTA_PIECE)
             parts = [keep(self.rows3(a, p0, p1)) for a in (q, k, v)]
             gp, bp = [keep(self.rows3(a, p0, p1)) for a in gates]
-            o, s_next = call("transformer.chunk_gated_delta_rule",
-                             ttnn.transformer.chunk_gated_delta_rule,
-                             parts[0], parts[1], parts[2], gp, bp, scale=f32(scale),
-                             initial_state=s, output_final_state=True, chunk_size=DELTA_CHUNK,
-                             output_head_major=True, eye=eye, tril=tril, ones=ones, masks=masks)
+            o, s_next = call(
+                "transformer.chunk_gated_delta_rule",
+                ttnn.transformer.chunk_gated_delta_rule,
+                parts[0],
+                parts[1],
+                parts[2],
+                gp,
+                bp,
+                scale=f32(scale),
+                initial_state=s,
+                output_final_state=True,
+                chunk_size=DELTA_CHUNK,
+                output_head_major=True,
+                eye=eye,
+                tril=tril,
+                ones=ones,
+                masks=masks,
+            )
             outs.append(keep(o))
             s = keep(s_next)
         o = keep(self.concat(outs, 1))
@@ -364,8 +450,13 @@ class DeltaOps:
             raise ValueError("gated_rms_norm: %d columns in groups of %d" % (mx.cols, group))
         gamma = self.gamma(w[1], group, False)
         y = self.norm_groups(xo.t, mx.rows, mx.cols, group, eps, gamma)
-        out = self.tt.call("multiply", self.ttnn.multiply, y, z[1].t,
-                           input_tensor_b_activations=[self.unary("SILU")],
-                           memory_config=self.dram)
+        out = self.tt.call(
+            "multiply",
+            self.ttnn.multiply,
+            y,
+            z[1].t,
+            input_tensor_b_activations=[self.unary("SILU")],
+            memory_config=self.dram,
+        )
         self.drop(y)
         return self.wrap(out)

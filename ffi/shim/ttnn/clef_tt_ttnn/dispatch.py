@@ -15,6 +15,7 @@ instead ask ttnn for the matrix product of its first tensor argument with itself
 ttnn's own validation refuses (TT_FATAL `a_shape[-1] == b_shape[-2]` unless the tensor is
 square): how the tests see a real ttnn refusal reach the client and the worker go on.
 """
+
 import os
 import time
 
@@ -72,9 +73,12 @@ class Dispatcher:
             ttnn = self._ttnn
             config = getattr(ttnn, "CONFIG", None)
             self._fast_mode = bool(
-                config is not None and config.enable_fast_runtime_mode
-                and not config.enable_comparison_mode and not config.enable_logging
-                and not ttnn.graph.is_python_io_recording_enabled())
+                config is not None
+                and config.enable_fast_runtime_mode
+                and not config.enable_comparison_mode
+                and not config.enable_logging
+                and not ttnn.graph.is_python_io_recording_enabled()
+            )
         return self._fast_mode
 
     def stats(self):

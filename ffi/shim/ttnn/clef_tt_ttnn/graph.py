@@ -11,8 +11,18 @@ mock mode (ttnn's trace capture does not).
 # Data-movement kinds, matched in this order against the device operation's and the program
 # factory's names (untilize before tilize, the heads ops before concat, tilize-with-padding
 # before pad).
-MOVEMENT = ("untilize", "tilize", "nlp", "reshape", "slice", "concat", "typecast", "transpose",
-            "permute", "pad")
+MOVEMENT = (
+    "untilize",
+    "tilize",
+    "nlp",
+    "reshape",
+    "slice",
+    "concat",
+    "typecast",
+    "transpose",
+    "permute",
+    "pad",
+)
 
 
 def movement_kind(operation, factory):
@@ -55,14 +65,21 @@ def summarize(graph):
             programs[short] = programs.get(short, 0) + 1
             moved = movement_kind(str((start.get("params") or {}).get("name", "")), factory)
             if moved is not None:
-                written = sum(int((graph[c].get("params") or {}).get("size", 0))
-                              for c in node.get("connections", [])
-                              if c < len(graph) and graph[c].get("node_type") == "tensor")
+                written = sum(
+                    int((graph[c].get("params") or {}).get("size", 0))
+                    for c in node.get("connections", [])
+                    if c < len(graph) and graph[c].get("node_type") == "tensor"
+                )
                 entry = movement.setdefault(moved, [0, 0])
                 entry[0] += 1
                 entry[1] += written
-    return {"device_ops": total, "programs": programs, "data_movement": movement,
-            "allocations": allocations, "host_writes": host_writes}
+    return {
+        "device_ops": total,
+        "programs": programs,
+        "data_movement": movement,
+        "allocations": allocations,
+        "host_writes": host_writes,
+    }
 
 
 class GraphCommands:

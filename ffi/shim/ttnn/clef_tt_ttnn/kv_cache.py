@@ -26,6 +26,7 @@ prefix-cache slot) is a handle sharing the same blocks. Keys and values are appe
 so a layer's key and value handles hold the same block ids (the one page table SDPA takes).
 A pool's device buffer is kept as a spare, or freed, with its last handle.
 """
+
 import heapq
 
 from .meta import KV_BLOCK, TILE_SIZE, round_up
@@ -34,8 +35,19 @@ from .meta import KV_BLOCK, TILE_SIZE, round_up
 class KVPool:
     """One device tensor of KV blocks, with each block's holders and filled rows."""
 
-    __slots__ = ("t", "cap", "heads", "d", "dp", "refs", "filled", "free", "users", "spares",
-                 "__weakref__")
+    __slots__ = (
+        "t",
+        "cap",
+        "heads",
+        "d",
+        "dp",
+        "refs",
+        "filled",
+        "free",
+        "users",
+        "spares",
+        "__weakref__",
+    )
 
     def __init__(self, t, cap, heads, d, dp, spares=None):
         self.t, self.cap, self.heads, self.d, self.dp = t, cap, heads, d, dp
@@ -95,6 +107,7 @@ class KV:
         try:
             if not self.released:
                 import ttnn
+
                 self.release(ttnn)
         except Exception:
             pass
@@ -151,12 +164,19 @@ class KvCache:
         t = self.internal.get(key)
         if t is None:
             import numpy as np
+
             ids = np.zeros((1, columns), np.int32)
-            ids[0, :len(blocks)] = np.asarray(blocks, dtype=np.int32)
-            t = self.tt.call("Tensor", self.ttnn.Tensor, ids, data_type=self.ttnn.int32,
-                             layout=self.ttnn.ROW_MAJOR_LAYOUT, device=self.device,
-                             mem_config=self.dram,
-                             mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device))
+            ids[0, : len(blocks)] = np.asarray(blocks, dtype=np.int32)
+            t = self.tt.call(
+                "Tensor",
+                self.ttnn.Tensor,
+                ids,
+                data_type=self.ttnn.int32,
+                layout=self.ttnn.ROW_MAJOR_LAYOUT,
+                device=self.device,
+                mem_config=self.dram,
+                mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device),
+            )
             self.keep_internal(key, t)
         return t
 
@@ -223,8 +243,10 @@ class KvCache:
         else:
             pool, r0, base = kv.pool, kv.rows, kv.blocks
             if pool.heads != heads or pool.d != d:
-                raise ValueError("append_rows: a cache of %d heads x %d, rows of %d heads x %d"
-                                 % (pool.heads, pool.d, heads, d))
+                raise ValueError(
+                    "append_rows: a cache of %d heads x %d, rows of %d heads x %d"
+                    % (pool.heads, pool.d, heads, d)
+                )
         b0, off = divmod(r0, KV_BLOCK)
         # The old handle's partial last block: in place if no one wrote past its end there.
         in_place = [base[b0]] if off and pool.filled[base[b0]] == off else []
@@ -240,8 +262,14 @@ class KvCache:
         else:
             inp = new
         table = self.page_table(write, len(write))
-        self.tt.call("experimental.paged_fill_cache", self.ttnn.experimental.paged_fill_cache,
-                     pool.t, inp, table, batch_idx=0)
+        self.tt.call(
+            "experimental.paged_fill_cache",
+            self.ttnn.experimental.paged_fill_cache,
+            pool.t,
+            inp,
+            table,
+            batch_idx=0,
+        )
         self.drop(inp)
         written = off + t
         for i, b in enumerate(write):
@@ -259,9 +287,10 @@ class KvCache:
         """The page table SDPA reads k and v through: their first `needed` blocks (padded with
         block 0 past the handle's blocks, to a multiple of 32 entries)."""
         if k.blocks != v.blocks:
-            raise ValueError("causal_attention: keys and values in different pool blocks "
-                             "(%d and %d blocks); they are appended in step"
-                             % (len(k.blocks), len(v.blocks)))
+            raise ValueError(
+                "causal_attention: keys and values in different pool blocks "
+                "(%d and %d blocks); they are appended in step" % (len(k.blocks), len(v.blocks))
+            )
         return self.page_table(k.blocks[:needed], round_up(needed, 32))
 
     def kv_rows(self, kv):
@@ -271,8 +300,9 @@ class KvCache:
         for i in range(1, len(kv.blocks) + 1):
             if i == len(kv.blocks) or kv.blocks[i] != kv.blocks[i - 1] + 1:
                 first = kv.blocks[start]
-                runs.append(self.slice(p.t, (first, 0, 0, 0),
-                                       (first + i - start, p.heads, KV_BLOCK, p.dp)))
+                runs.append(
+                    self.slice(p.t, (first, 0, 0, 0), (first + i - start, p.heads, KV_BLOCK, p.dp))
+                )
                 start = i
         blocks = self.concat(runs, 0)
         tokens = self.permute(blocks, (0, 2, 1, 3))

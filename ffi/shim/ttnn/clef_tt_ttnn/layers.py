@@ -31,6 +31,7 @@ one delta-rule call. Anything else raises NotImplementedError before any ttnn ca
 caller composes the fine ops instead (the tiny fixture's head_dim 32 / rotary 8, the f32
 profile).
 """
+
 import functools
 import json
 
@@ -59,8 +60,11 @@ class LayerOps:
         """The ABI's layer entry: `tensors` in the op's order ((meta, obj) pairs, None for an
         absent one), `params` a dict or its JSON text (as the bridge passes it), `tables` the
         rope tables (or None). Returns the results."""
-        op = {"attention": self.attention_layer, "delta_net": self.delta_layer,
-              "mlp": self.mlp_layer}.get(name)
+        op = {
+            "attention": self.attention_layer,
+            "delta_net": self.delta_layer,
+            "mlp": self.mlp_layer,
+        }.get(name)
         if op is None:
             _refuse(name, "no such layer op")
         if isinstance(params, str):
@@ -84,8 +88,9 @@ class LayerOps:
         """The sublayer's zero-centred input rms_norm (gamma 1 + w) of the residual stream."""
         mh, ho = h
         gamma = self.gamma(w[1], mh.cols, True)
-        return self.norm_groups(ho.t, mh.rows, mh.cols, mh.cols, eps, gamma,
-                                sublayer(self.ttnn, config))
+        return self.norm_groups(
+            ho.t, mh.rows, mh.cols, mh.cols, eps, gamma, sublayer(self.ttnn, config)
+        )
 
     def _residual(self, h, partial, reduce):
         """h + the all-reduce of the row-parallel projection's partial sums (or the sums as
@@ -105,13 +110,17 @@ class LayerOps:
         rot = 2 * int(tables[1]) if tables is not None else 0
         t = h[0].rows
         if tables is None or int(tables[0]) != t:
-            _refuse("attention", "rope tables of %s rows for %d" % (
-                None if tables is None else tables[0], t))
+            _refuse(
+                "attention",
+                "rope tables of %s rows for %d" % (None if tables is None else tables[0], t),
+            )
         if d % TILE_SIZE or not (rot == 32 or (rot and rot % 64 == 0)) or rot > d:
             _refuse("attention", "head_dim %d, rotary %d" % (d, rot))
         if kvh <= 0 or heads % kvh or qkv[0].cols != (2 * heads + 2 * kvh) * d:
-            _refuse("attention", "qkv %d columns for %d heads, %d kv heads x %d"
-                    % (qkv[0].cols, heads, kvh, d))
+            _refuse(
+                "attention",
+                "qkv %d columns for %d heads, %d kv heads x %d" % (qkv[0].cols, heads, kvh, d),
+            )
         caches = [None if c is None else self.as_kv(c, kvh) for c in (ck, cv)]
         ttnn, call, dram = self.ttnn, self.tt.call, self.dram
         config = p["config"]
@@ -119,9 +128,15 @@ class LayerOps:
         fused = self.matmul(x, t, qkv, config)
         self.drop(x)
         # q|gate interleaved per head: 2H heads of d, then the KV heads.
-        qg, k, v = call("experimental.nlp_create_qkv_heads",
-                        ttnn.experimental.nlp_create_qkv_heads, fused, num_heads=2 * heads,
-                        num_kv_heads=kvh, transpose_k_heads=False, memory_config=dram)
+        qg, k, v = call(
+            "experimental.nlp_create_qkv_heads",
+            ttnn.experimental.nlp_create_qkv_heads,
+            fused,
+            num_heads=2 * heads,
+            num_kv_heads=kvh,
+            transpose_k_heads=False,
+            memory_config=dram,
+        )
         self.drop(fused)
         pairs = self.reshape(qg, (heads, 2, t, d))
         q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (heads, 1, t, d)), (1, heads, t, d))
@@ -130,21 +145,31 @@ class LayerOps:
         normed = []
         for x_, w_ in ((q, qn), (k, kn)):
             gamma = self.gamma(w_[1], d, True)
-            y = call("rms_norm", ttnn.rms_norm, x_, epsilon=f32(float(p["eps"])), weight=gamma,
-                     compute_kernel_config=sublayer(ttnn, config), memory_config=dram)
+            y = call(
+                "rms_norm",
+                ttnn.rms_norm,
+                x_,
+                epsilon=f32(float(p["eps"])),
+                weight=gamma,
+                compute_kernel_config=sublayer(ttnn, config),
+                memory_config=dram,
+            )
             self.drop(x_)
             normed.append(self.rope_heads(y, tables, rot, d))
             self.drop(y)
         q, k = normed
-        keys, values = [self.append_heads(None if c is None else c[0], new, kvh, d)
-                        for c, new in zip(caches, (k, v))]
+        keys, values = [
+            self.append_heads(None if c is None else c[0], new, kvh, d)
+            for c, new in zip(caches, (k, v))
+        ]
         for c in caches:
             if c is not None and c[1]:
                 c[0].release(ttnn)
         o = self.paged_attention(q, keys, values, d, sublayer(ttnn, config))
         self.drop(q)
-        gated = self.binary("multiply", ttnn.multiply, o, gate,
-                            input_tensor_b_activations=[self.unary("SIGMOID")])
+        gated = self.binary(
+            "multiply", ttnn.multiply, o, gate, input_tensor_b_activations=[self.unary("SIGMOID")]
+        )
         self.drop(o, gate)
         flat = self.heads_last(gated)
         self.drop(gated)
@@ -155,11 +180,14 @@ class LayerOps:
     # -- Gated DeltaNet ---------------------------------------------------------------------------
     def _gate_selection(self, nv, which):
         """[2nv, nv] bf16 0/1 matrix picking b (which 0) or a (which 1) out of the b|a columns."""
+
         def make():
             s = np.zeros((2 * nv, nv), np.float32)
             s[which * nv + np.arange(nv), np.arange(nv)] = 1.0
-            return self.host_rows([s.reshape(1, 1, 2 * nv, nv)], self.ttnn.bfloat16,
-                                  self.ttnn.TILE_LAYOUT)
+            return self.host_rows(
+                [s.reshape(1, 1, 2 * nv, nv)], self.ttnn.bfloat16, self.ttnn.TILE_LAYOUT
+            )
+
         return self.internal_once(("gate_selection", nv, which), make)
 
     def delta_layer(self, tensors, p, tables):
@@ -174,10 +202,21 @@ class LayerOps:
         kd, vd = nk * dk, nv * dv
         ch = 2 * kd + vd
         tp = round_up(t, TILE_SIZE)
-        if (kernel != NATIVE_CONV_TAPS or dk != dv or dk % TILE_SIZE or vd % TILE_SIZE
-                or t < NATIVE_CONV_TAPS - 1 or tp > DELTA_PIECE or nk <= 0 or nv % nk):
-            _refuse("delta_net", "%d rows, kernel %d, %d key heads x %d, %d value heads x %d"
-                    % (t, kernel, nk, dk, nv, dv))
+        if (
+            kernel != NATIVE_CONV_TAPS
+            or dk != dv
+            or dk % TILE_SIZE
+            or vd % TILE_SIZE
+            or t < NATIVE_CONV_TAPS - 1
+            or tp > DELTA_PIECE
+            or nk <= 0
+            or nv % nk
+        ):
+            _refuse(
+                "delta_net",
+                "%d rows, kernel %d, %d key heads x %d, %d value heads x %d"
+                % (t, kernel, nk, dk, nv, dv),
+            )
         if in_proj[0].cols != ch + vd + 2 * nv:
             _refuse("delta_net", "in_proj of %d columns" % in_proj[0].cols)
         ttnn, call, dram, fp32 = self.ttnn, self.tt.call, self.dram, self.ttnn.float32
@@ -189,8 +228,9 @@ class LayerOps:
             q, k, v = self.conv_parts(fused, t, conv, carry, (kd, kd, vd))
             new_carry = self.conv_carry(fused, t, ch)
         else:
-            q, k, v, new_carry = self.conv_parts(fused, t, conv, carry, (kd, kd, vd),
-                                                 with_carry=True)
+            q, k, v, new_carry = self.conv_parts(
+                fused, t, conv, carry, (kd, kd, vd), with_carry=True
+            )
         # The gates in f32 from the b|a columns: beta = sigmoid(b),
         # g = -exp(A_log) * softplus(a + dt_bias) (the port's GDN_GATE_FP32).
         ba = self.cols(fused, ch + vd, ch + vd + 2 * nv)
@@ -198,52 +238,108 @@ class LayerOps:
         # Small blocks: ttnn's default config for this [T, 2nv] x [2nv, nv] product takes
         # 1.3 MiB of L1 per core (graph capture), these 90 KiB.
         small = ttnn._ttnn.operations.experimental.MinimalMatmulConfig(
-            M_block_size=4, K_block_size=1, N_block_size=1, subblock_h=1, subblock_w=1,
-            compute_with_storage_grid_size=ttnn.CoreCoord(*self.grid))
-        beta = call("experimental.minimal_matmul", ttnn.experimental.minimal_matmul, ba,
-                    self._gate_selection(nv, 0), fused_activation=self.unary("SIGMOID"),
-                    dtype=fp32, config=small, compute_kernel_config=exact, memory_config=dram)
-        sp = call("experimental.minimal_matmul", ttnn.experimental.minimal_matmul, ba,
-                  self._gate_selection(nv, 1),
-                  bias_tensor=self.row_of(dt_bias[1], "row_f32", fp32),
-                  fused_activation=self.unary("SOFTPLUS", 1.0, 20.0), dtype=fp32, config=small,
-                  compute_kernel_config=exact, memory_config=dram)
+            M_block_size=4,
+            K_block_size=1,
+            N_block_size=1,
+            subblock_h=1,
+            subblock_w=1,
+            compute_with_storage_grid_size=ttnn.CoreCoord(*self.grid),
+        )
+        beta = call(
+            "experimental.minimal_matmul",
+            ttnn.experimental.minimal_matmul,
+            ba,
+            self._gate_selection(nv, 0),
+            fused_activation=self.unary("SIGMOID"),
+            dtype=fp32,
+            config=small,
+            compute_kernel_config=exact,
+            memory_config=dram,
+        )
+        sp = call(
+            "experimental.minimal_matmul",
+            ttnn.experimental.minimal_matmul,
+            ba,
+            self._gate_selection(nv, 1),
+            bias_tensor=self.row_of(dt_bias[1], "row_f32", fp32),
+            fused_activation=self.unary("SOFTPLUS", 1.0, 20.0),
+            dtype=fp32,
+            config=small,
+            compute_kernel_config=exact,
+            memory_config=dram,
+        )
         self.drop(ba)
-        g = self.binary("multiply", ttnn.multiply, sp,
-                        self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)))
+        g = self.binary(
+            "multiply",
+            ttnn.multiply,
+            sp,
+            self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
+        )
         self.drop(sp)
         gates = [self.reshape(self.pad_end(a, 2, tp), (1, tp, nv)) for a in (g, beta)]
         if state is not None:
             s = self.reshape(self.typecast(state[1].t, fp32), (1, nv, dk, dv))
         else:
             # A zero state made once (without one the op uploads zeros from the host per call).
-            s = self.internal_once(("delta_zero_state", nv, dk, dv), lambda: self.host_rows(
-                [np.zeros((1, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT))
+            s = self.internal_once(
+                ("delta_zero_state", nv, dk, dv),
+                lambda: self.host_rows(
+                    [np.zeros((1, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT
+                ),
+            )
         eye, tril, ones, masks = self.delta_constants()
-        o, s_next = call("transformer.chunk_gated_delta_rule",
-                         ttnn.transformer.chunk_gated_delta_rule, q, k, v, gates[0], gates[1],
-                         scale=f32(dk ** -0.5), initial_state=s, output_final_state=True,
-                         chunk_size=DELTA_CHUNK, output_head_major=True, eye=eye, tril=tril,
-                         ones=ones, masks=masks)
+        o, s_next = call(
+            "transformer.chunk_gated_delta_rule",
+            ttnn.transformer.chunk_gated_delta_rule,
+            q,
+            k,
+            v,
+            gates[0],
+            gates[1],
+            scale=f32(dk**-0.5),
+            initial_state=s,
+            output_final_state=True,
+            chunk_size=DELTA_CHUNK,
+            output_head_major=True,
+            eye=eye,
+            tril=tril,
+            ones=ones,
+            masks=masks,
+        )
         self.drop(q, k, v, g, beta, *gates)
         if state is not None and s is not state[1].t:
             self.drop(s)
         heads = self.reshape(o, (1, nv, tp, dv))
-        y = call("rms_norm", ttnn.rms_norm, heads, epsilon=f32(float(p["eps"])),
-                 weight=self.gamma(gnorm[1], dv, False),
-                 compute_kernel_config=sublayer(ttnn, config), memory_config=dram)
+        y = call(
+            "rms_norm",
+            ttnn.rms_norm,
+            heads,
+            epsilon=f32(float(p["eps"])),
+            weight=self.gamma(gnorm[1], dv, False),
+            compute_kernel_config=sublayer(ttnn, config),
+            memory_config=dram,
+        )
         self.drop(o, heads)
         flat = self.rows(self.heads_last(y), 0, t)
         self.drop(y)
         z = self.cols(fused, ch, ch + vd)
-        gated = self.binary("multiply", ttnn.multiply, flat, z,
-                            input_tensor_b_activations=[self.unary("SILU")], dtype=self.act_dtype)
+        gated = self.binary(
+            "multiply",
+            ttnn.multiply,
+            flat,
+            z,
+            input_tensor_b_activations=[self.unary("SILU")],
+            dtype=self.act_dtype,
+        )
         self.drop(flat, z, fused)
         out = self.matmul(gated, t, out_proj, config)
         self.drop(gated)
         s_out = self.reshape(s_next, (1, 1, nv * dk, dv))
-        return [self.wrap(self._residual(h, out, bool(p["reduce"]))), self.wrap(new_carry),
-                self.wrap(s_out)]
+        return [
+            self.wrap(self._residual(h, out, bool(p["reduce"]))),
+            self.wrap(new_carry),
+            self.wrap(s_out),
+        ]
 
     # -- MLP --------------------------------------------------------------------------------------
     def mlp_layer(self, tensors, p, tables):
@@ -252,20 +348,32 @@ class LayerOps:
         self._bf16_only("mlp")
         half = gate_up[0].cols // 2
         if gate_up[0].cols % 2 or half % TILE_SIZE or down[0].rows != half:
-            _refuse("mlp", "gate|up of %d columns, down of %d rows"
-                    % (gate_up[0].cols, down[0].rows))
+            _refuse(
+                "mlp", "gate|up of %d columns, down of %d rows" % (gate_up[0].cols, down[0].rows)
+            )
         ttnn, call, config = self.ttnn, self.tt.call, p["config"]
         t = h[0].rows
         x = self._input_norm(h, norm, float(p["eps"]), config)
-        ckc = kernel_config(ttnn, int(config.get("fidelity", 0)), config.get("fp32_dest_acc", 1),
-                            config.get("packer_l1_acc", 0))
-        gate, up = call("experimental.minimal_matmul_split",
-                        ttnn.experimental.minimal_matmul_split, x, gate_up[1].t, chunks=2,
-                        compute_kernel_config=ckc, dtype=self.act_dtype,
-                        memory_config=self.dram)
+        ckc = kernel_config(
+            ttnn,
+            int(config.get("fidelity", 0)),
+            config.get("fp32_dest_acc", 1),
+            config.get("packer_l1_acc", 0),
+        )
+        gate, up = call(
+            "experimental.minimal_matmul_split",
+            ttnn.experimental.minimal_matmul_split,
+            x,
+            gate_up[1].t,
+            chunks=2,
+            compute_kernel_config=ckc,
+            dtype=self.act_dtype,
+            memory_config=self.dram,
+        )
         self.drop(x)
-        act = self.binary("multiply", ttnn.multiply, gate, up,
-                          input_tensor_a_activations=[self.unary("SILU")])
+        act = self.binary(
+            "multiply", ttnn.multiply, gate, up, input_tensor_a_activations=[self.unary("SILU")]
+        )
         self.drop(gate, up)
         out = self.matmul(act, t, down, config)
         self.drop(act)

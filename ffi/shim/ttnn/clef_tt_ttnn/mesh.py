@@ -10,6 +10,7 @@ allocator's own totals (`ttnn.get_memory_view`) are reported by `allocator_bytes
 count what ttnn keeps for itself (reshape mapping tensors, CCL buffers) and this mesh's internal
 constants (page tables, DeltaNet constant tiles, rope tables), which are not tensors of the ABI.
 """
+
 import weakref
 
 from .attention import Attention
@@ -19,7 +20,8 @@ from .golden import enabled as golden_enabled
 from .graph import GraphCommands
 from .kv_cache import KV, KvCache, SparePools
 from .layers import LayerOps
-from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta, describe as meta_text
+from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta
+from .meta import describe as meta_text
 from .programs import eltwise_cores
 from .tensors import DT, Helpers
 from .text_ops import TextOps
@@ -32,8 +34,9 @@ INTERNAL_LIMIT = 64
 KV_SPARE_POOLS = 64
 
 
-class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps, LayerOps,
-           GraphCommands):
+class Mesh(
+    Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps, LayerOps, GraphCommands
+):
     """An opened 1xN mesh; methods named as DeviceMesh's. Tensor arguments are (meta, obj)
     pairs; results are the objects the bridge keeps for the core's handles."""
 
@@ -49,8 +52,9 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
         grid = device.compute_with_storage_grid_size()
         self.grid = (int(grid.x), int(grid.y))
         self.eltwise_cores = eltwise_cores(ttnn, self.grid)
-        self.act_dtype = ttnn.bfloat16 if int(config.get("activation_dtype", BF16)) == BF16 \
-            else ttnn.float32
+        self.act_dtype = (
+            ttnn.bfloat16 if int(config.get("activation_dtype", BF16)) == BF16 else ttnn.float32
+        )
         self.dram_banks = int(ttnn.get_memory_view(device, ttnn.BufferType.DRAM).num_banks)
         self.internal = {}
         # The last rope tables object the bridge passed and its device tables, per form
@@ -66,6 +70,7 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
         self.closed = False
         if golden_enabled():
             from .golden import install
+
             install(self)
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -160,13 +165,17 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
         meta = as_meta(meta)
         ttnn = self.ttnn
         if meta.devices != self.n:
-            raise ValueError("result check: a %s for %d devices on a mesh of %d"
-                             % (meta_text(meta), meta.devices, self.n))
+            raise ValueError(
+                "result check: a %s for %d devices on a mesh of %d"
+                % (meta_text(meta), meta.devices, self.n)
+            )
         if isinstance(obj, KV):
             p = obj.pool
             if meta.role != ACTIVATION or obj.rows != meta.rows or p.heads * p.d != meta.cols:
-                raise ValueError("result check: %s, got a KV cache of %d rows x %d heads x %d"
-                                 % (meta_text(meta), obj.rows, p.heads, p.d))
+                raise ValueError(
+                    "result check: %s, got a KV cache of %d rows x %d heads x %d"
+                    % (meta_text(meta), obj.rows, p.heads, p.d)
+                )
             return
         t = obj.t
         shape = tuple(int(d) for d in t.shape)
@@ -182,8 +191,10 @@ class Mesh(Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps,
             if t.layout == ttnn.ROW_MAJOR_LAYOUT and t.dtype == ttnn.bfloat16:
                 layout = t.layout
         if shape != (1, 1, meta.rows, meta.cols) or t.layout != layout or t.dtype not in dtypes:
-            raise ValueError("result check: %s, got a tensor %s %s %s"
-                             % (meta_text(meta), list(shape), t.dtype, t.layout))
+            raise ValueError(
+                "result check: %s, got a tensor %s %s %s"
+                % (meta_text(meta), list(shape), t.dtype, t.layout)
+            )
 
     def describe(self):
         view = self.ttnn.get_memory_view(self.device, self.ttnn.BufferType.DRAM)

@@ -4,6 +4,7 @@
 gave, the role and the placement. The integers below are the C enums' values; the bridge passes
 them through unchanged. Geometry helpers (tiles, packed sizes) follow core/tile_format.hpp.
 """
+
 from collections import namedtuple
 
 # clef_tt_dtype
@@ -28,15 +29,18 @@ TILE_SIZE = 32
 KV_BLOCK = 64
 
 Meta = namedtuple("Meta", "rows cols devices dtype layout role placement")
-Meta.__doc__ = ("A tensor as the core knows it: per-device [rows, cols], the clef_tt_dtype the "
-                "host gave, clef_tt_layout, clef_tt_role and clef_tt_placement (ints of "
-                "clef_tt.h).")
+Meta.__doc__ = (
+    "A tensor as the core knows it: per-device [rows, cols], the clef_tt_dtype the "
+    "host gave, clef_tt_layout, clef_tt_role and clef_tt_placement (ints of "
+    "clef_tt.h)."
+)
 
 
 def f32(x):
     """x rounded to the nearest float32 (nanobind refuses a Python float for a C++ float
     parameter when the value is not exactly representable, e.g. 24 ** -0.5)."""
     import numpy as np
+
     return float(np.float32(x))
 
 
@@ -68,9 +72,13 @@ def stored_bytes(meta):
 
 def describe(meta):
     """A short text of a Meta for error messages."""
-    return "%dx%d %s %s %s" % (meta.rows, meta.cols, DTYPE_NAMES.get(meta.dtype, "?"),
-                               ROLE_NAMES.get(meta.role, "?"),
-                               PLACEMENT_NAMES.get(meta.placement, "?"))
+    return "%dx%d %s %s %s" % (
+        meta.rows,
+        meta.cols,
+        DTYPE_NAMES.get(meta.dtype, "?"),
+        ROLE_NAMES.get(meta.role, "?"),
+        PLACEMENT_NAMES.get(meta.placement, "?"),
+    )
 
 
 def as_meta(m):

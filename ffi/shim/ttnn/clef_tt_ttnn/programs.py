@@ -23,23 +23,30 @@
   at Blackhole's 512 GB/s), 1 MB per core on 32 cores (16 GB/s per core, a fifth of a core's
   NoC bandwidth), so 32 cores keep them at DRAM speed. To be confirmed on chips.
 """
+
 import functools
 import math
 
-from .meta import EXACT, LOFI, HIFI2, HIFI3, TILE_SIZE
+from .meta import EXACT, HIFI2, HIFI3, LOFI, TILE_SIZE
 
 
 def math_fidelity(ttnn, fidelity):
-    return {LOFI: ttnn.MathFidelity.LoFi, HIFI2: ttnn.MathFidelity.HiFi2,
-            HIFI3: ttnn.MathFidelity.HiFi3}.get(fidelity, ttnn.MathFidelity.HiFi4)
+    return {
+        LOFI: ttnn.MathFidelity.LoFi,
+        HIFI2: ttnn.MathFidelity.HiFi2,
+        HIFI3: ttnn.MathFidelity.HiFi3,
+    }.get(fidelity, ttnn.MathFidelity.HiFi4)
 
 
 # The configs are pure functions of their arguments, asked for on every op call: made once.
 @functools.lru_cache(maxsize=None)
 def kernel_config(ttnn, fidelity, fp32_dest_acc, packer_l1_acc):
     return ttnn.WormholeComputeKernelConfig(
-        math_fidelity=math_fidelity(ttnn, fidelity), math_approx_mode=False,
-        fp32_dest_acc_en=bool(fp32_dest_acc), packer_l1_acc=bool(packer_l1_acc))
+        math_fidelity=math_fidelity(ttnn, fidelity),
+        math_approx_mode=False,
+        fp32_dest_acc_en=bool(fp32_dest_acc),
+        packer_l1_acc=bool(packer_l1_acc),
+    )
 
 
 def precise(ttnn):
@@ -78,8 +85,11 @@ MATMUL_CB_BUDGET = 1024 * 1024
 def matmul_cb_bytes(per_core_m, per_core_n, in0_block_w, in0_tile, in1_tile, out_tile):
     """Estimated circular-buffer bytes per core of the 2-D multicast matmul: double-buffered
     in0/in1 blocks, the output block and an fp32 partial-sum block."""
-    return (2 * per_core_m * in0_block_w * in0_tile + 2 * in0_block_w * per_core_n * in1_tile
-            + per_core_m * per_core_n * (out_tile + 4096))
+    return (
+        2 * per_core_m * in0_block_w * in0_tile
+        + 2 * in0_block_w * per_core_n * in1_tile
+        + per_core_m * per_core_n * (out_tile + 4096)
+    )
 
 
 def matmul_blocks(m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
@@ -94,9 +104,14 @@ def matmul_blocks(m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2048):
     per_core_m = max(1, math.ceil(m_tiles / grid_y))
     per_core_n = max(1, math.ceil(n_tiles / cols))
     cap = min(4, max(1, k_tiles // cols))
-    out = dict(cols=cols, rows=grid_y, per_core_m=per_core_m, per_core_n=per_core_n,
-               in0_block_w=None,
-               cb_bytes=matmul_cb_bytes(per_core_m, per_core_n, 1, in0_tile, in1_tile, out_tile))
+    out = dict(
+        cols=cols,
+        rows=grid_y,
+        per_core_m=per_core_m,
+        per_core_n=per_core_n,
+        in0_block_w=None,
+        cb_bytes=matmul_cb_bytes(per_core_m, per_core_n, 1, in0_tile, in1_tile, out_tile),
+    )
     for in0_block_w in range(cap, 0, -1):
         if k_tiles % in0_block_w:
             continue
@@ -118,10 +133,16 @@ def matmul_program(ttnn, m, k, n, grid, in0_tile=2048, in1_tile=1088, out_tile=2
     if b["in0_block_w"] is None:
         return None
     return ttnn.MatmulMultiCoreReuseMultiCastProgramConfig(
-        compute_with_storage_grid_size=(b["cols"], b["rows"]), in0_block_w=b["in0_block_w"],
-        out_subblock_h=1, out_subblock_w=_subblock_w(b["per_core_n"]),
-        per_core_M=b["per_core_m"], per_core_N=b["per_core_n"], transpose_mcast=False,
-        fused_activation=None, fuse_batch=False)
+        compute_with_storage_grid_size=(b["cols"], b["rows"]),
+        in0_block_w=b["in0_block_w"],
+        out_subblock_h=1,
+        out_subblock_w=_subblock_w(b["per_core_n"]),
+        per_core_M=b["per_core_m"],
+        per_core_N=b["per_core_n"],
+        transpose_mcast=False,
+        fused_activation=None,
+        fuse_batch=False,
+    )
 
 
 def lowbit(n):
@@ -135,8 +156,9 @@ ELTWISE_GRID = (8, 4)
 def eltwise_cores(ttnn, grid):
     """The CoreRangeSet of the first ELTWISE_GRID cores of a compute grid (cols, rows)."""
     cols, rows = min(ELTWISE_GRID[0], int(grid[0])), min(ELTWISE_GRID[1], int(grid[1]))
-    return ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0),
-                                             ttnn.CoreCoord(cols - 1, rows - 1))})
+    return ttnn.CoreRangeSet(
+        {ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(cols - 1, rows - 1))}
+    )
 
 
 def sdpa_chunks(q_len, start):
@@ -151,6 +173,9 @@ def sdpa_chunks(q_len, start):
 
 @functools.lru_cache(maxsize=None)
 def sdpa_program(ttnn, grid, q_chunk, k_chunk):
-    return ttnn.SDPAProgramConfig(compute_with_storage_grid_size=(int(grid[0]), int(grid[1])),
-                                  q_chunk_size=q_chunk, k_chunk_size=k_chunk,
-                                  exp_approx_mode=False)
+    return ttnn.SDPAProgramConfig(
+        compute_with_storage_grid_size=(int(grid[0]), int(grid[1])),
+        q_chunk_size=q_chunk,
+        k_chunk_size=k_chunk,
+        exp_approx_mode=False,
+    )

@@ -12,6 +12,7 @@ An ABI tensor is one of:
 `Helpers` is mixed into the mesh: thin wrappers that send every ttnn call through the mesh's
 dispatcher (dispatch.py) under the op's name.
 """
+
 import numpy as np
 
 from .meta import TILE_SIZE
@@ -59,8 +60,15 @@ class Helpers:
         s = self.shape(t)
         if tuple(begin) == (0,) * len(s) and tuple(end) == s:
             return t
-        return self.tt.call("slice", self.ttnn.slice, t, list(begin), list(end),
-                            memory_config=self.dram, sub_core_grids=self.eltwise_cores)
+        return self.tt.call(
+            "slice",
+            self.ttnn.slice,
+            t,
+            list(begin),
+            list(end),
+            memory_config=self.dram,
+            sub_core_grids=self.eltwise_cores,
+        )
 
     def cols(self, t, c0, c1):
         """Last-dim columns [c0, c1) of a 4-D tensor."""
@@ -88,8 +96,7 @@ class Helpers:
         return self.tt.call("pad", self.ttnn.pad, t, pads, value, memory_config=self.dram)
 
     def permute(self, t, dims):
-        return self.tt.call("permute", self.ttnn.permute, t, tuple(dims),
-                            memory_config=self.dram)
+        return self.tt.call("permute", self.ttnn.permute, t, tuple(dims), memory_config=self.dram)
 
     def typecast(self, t, dtype):
         if t.dtype == dtype:
@@ -99,23 +106,31 @@ class Helpers:
     def to_tile(self, t):
         if t.layout == self.ttnn.TILE_LAYOUT:
             return t
-        return self.tt.call("to_layout", self.ttnn.to_layout, t, self.ttnn.TILE_LAYOUT,
-                            memory_config=self.dram)
+        return self.tt.call(
+            "to_layout", self.ttnn.to_layout, t, self.ttnn.TILE_LAYOUT, memory_config=self.dram
+        )
 
     def binary(self, name, fn, a, b, **kwargs):
         """An elementwise binary op of the layer ops (`fn` ttnn.add, ttnn.multiply, ...) on the
         mesh's elementwise cores (programs.eltwise_cores), in DRAM."""
-        return self.tt.call(name, fn, a, b, memory_config=self.dram,
-                            sub_core_grids=self.eltwise_cores, **kwargs)
+        return self.tt.call(
+            name, fn, a, b, memory_config=self.dram, sub_core_grids=self.eltwise_cores, **kwargs
+        )
 
     def unary(self, name, *params):
         """A fused activation (`activations=` / `input_tensor_*_activations=` of binary ops)."""
         return self.ttnn.UnaryWithParam(getattr(self.ttnn.UnaryOpType, name), *params)
 
     def zeros(self, shape, dtype):
-        return self.tt.call("zeros", self.ttnn.zeros, tuple(shape), dtype=dtype,
-                            layout=self.ttnn.TILE_LAYOUT, device=self.device,
-                            memory_config=self.dram)
+        return self.tt.call(
+            "zeros",
+            self.ttnn.zeros,
+            tuple(shape),
+            dtype=dtype,
+            layout=self.ttnn.TILE_LAYOUT,
+            device=self.device,
+            memory_config=self.dram,
+        )
 
     def protect(self, t, owner):
         """Mark `t` as held by `owner` (an ABI tensor, a KV pool or the mesh): drop() leaves it.
@@ -153,9 +168,12 @@ class Helpers:
         """[1, heads, T, d] -> [1, 1, T, heads*d]."""
         _, heads, rows, d = self.shape(t)
         if d % TILE_SIZE == 0:
-            return self.tt.call("experimental.nlp_concat_heads",
-                                self.ttnn.experimental.nlp_concat_heads, t,
-                                memory_config=self.dram)
+            return self.tt.call(
+                "experimental.nlp_concat_heads",
+                self.ttnn.experimental.nlp_concat_heads,
+                t,
+                memory_config=self.dram,
+            )
         p = self.permute(t, (0, 2, 1, 3))
         return self.reshape(p, (1, 1, rows, heads * d))
 
@@ -170,9 +188,16 @@ class Helpers:
         else:
             mapper = ttnn.shard_tensor_to_mesh_mapper(self.device, 3)
             data = np.concatenate(arrays, axis=3)
-        return self.tt.call("Tensor", ttnn.Tensor, np.array(data, dtype=np.float32, order="C"),
-                            data_type=dtype, layout=layout, device=self.device,
-                            mem_config=self.dram, mesh_mapper=mapper)
+        return self.tt.call(
+            "Tensor",
+            ttnn.Tensor,
+            np.array(data, dtype=np.float32, order="C"),
+            data_type=dtype,
+            layout=layout,
+            device=self.device,
+            mem_config=self.dram,
+            mesh_mapper=mapper,
+        )
 
     def derived(self, vec, key, make):
         """A per-op form of vector weight `vec` (a DT with host values), made once by
@@ -186,6 +211,7 @@ class Helpers:
     def row_of(self, vec, key, dtype, transform=None):
         """A vector's values as a [1, 1, 1, n] TILE row (per device), optionally transformed on the
         host (e.g. 1 + w), kept with the vector."""
+
         def make(host):
             arrays = []
             for h in host:
@@ -194,4 +220,5 @@ class Helpers:
                     v = transform(v).astype(np.float32)
                 arrays.append(v.reshape(1, 1, 1, -1))
             return self.host_rows(arrays, dtype, self.ttnn.TILE_LAYOUT)
+
         return self.derived(vec, key, make)

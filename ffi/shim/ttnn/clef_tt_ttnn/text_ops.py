@@ -18,6 +18,7 @@ swiglu, split_query_gate, rope, mul_sigmoid.
   Rotary widths that op refuses (not 32 or a multiple of 64) take a token-major form: cos/sin
   rows [1, T, 1, half] broadcast over heads, rotate-half by slices.
 """
+
 import hashlib
 import os
 
@@ -31,8 +32,11 @@ def ccl_options(ttnn):
     """reduce_scatter's topology and links: Linear (a P150x2 line) unless CLEF_TT_RING=1 (Ring,
     as the port ran on a P300x2); CLEF_TT_NUM_LINKS fixes the Ethernet links (2 on a single
     QSFP-DD cable), else ttnn picks. (all_gather chooses both itself in ttnn 0.81.)"""
-    out = {"topology": ttnn.Topology.Ring if os.environ.get("CLEF_TT_RING") == "1"
-           else ttnn.Topology.Linear}
+    out = {
+        "topology": ttnn.Topology.Ring
+        if os.environ.get("CLEF_TT_RING") == "1"
+        else ttnn.Topology.Linear
+    }
     links = os.environ.get("CLEF_TT_NUM_LINKS", "")
     if links.isdigit() and int(links) > 0:
         out["num_links"] = int(links)
@@ -47,8 +51,9 @@ class TextOps:
     def linear(self, x, w, config):
         (mx, xo), mw = x, w[0]
         if mx.cols != mw.rows:
-            raise ValueError("linear: input width %d vs weight [in %d, out %d]"
-                             % (mx.cols, mw.rows, mw.cols))
+            raise ValueError(
+                "linear: input width %d vs weight [in %d, out %d]" % (mx.cols, mw.rows, mw.cols)
+            )
         return self.wrap(self.matmul(xo.t, mx.rows, w, config))
 
     def matmul(self, xt, rows, w, config):
@@ -56,18 +61,36 @@ class TextOps:
         activation dtype, with the profile's kernel config and the port's program config."""
         mw, wo = w
         ttnn = self.ttnn
-        ckc = kernel_config(ttnn, int(config.get("fidelity", 0)), config.get("fp32_dest_acc", 1),
-                            config.get("packer_l1_acc", 0))
+        ckc = kernel_config(
+            ttnn,
+            int(config.get("fidelity", 0)),
+            config.get("fp32_dest_acc", 1),
+            config.get("packer_l1_acc", 0),
+        )
         cast = None
         if config.get("bf16_activations", 0) and xt.dtype == ttnn.float32:
             xt = cast = self.typecast(xt, ttnn.bfloat16)
         out_dtype = self.act_dtype
-        pc = matmul_program(ttnn, rows, mw.rows, mw.cols, self.grid,
-                            in0_tile=tile_bytes(BF16 if xt.dtype == ttnn.bfloat16 else F32),
-                            in1_tile=tile_bytes(mw.dtype),
-                            out_tile=tile_bytes(BF16 if out_dtype == ttnn.bfloat16 else F32))
-        y = self.tt.call("linear", ttnn.linear, xt, wo.t, compute_kernel_config=ckc,
-                         program_config=pc, memory_config=self.dram, dtype=out_dtype)
+        pc = matmul_program(
+            ttnn,
+            rows,
+            mw.rows,
+            mw.cols,
+            self.grid,
+            in0_tile=tile_bytes(BF16 if xt.dtype == ttnn.bfloat16 else F32),
+            in1_tile=tile_bytes(mw.dtype),
+            out_tile=tile_bytes(BF16 if out_dtype == ttnn.bfloat16 else F32),
+        )
+        y = self.tt.call(
+            "linear",
+            ttnn.linear,
+            xt,
+            wo.t,
+            compute_kernel_config=ckc,
+            program_config=pc,
+            memory_config=self.dram,
+            dtype=out_dtype,
+        )
         self.drop(cast)
         return y
 
@@ -88,12 +111,20 @@ class TextOps:
             total = self.tt.call("clone", ttnn.clone, t, memory_config=self.dram)
         else:
             ccl = self.ccl_options()
-            scattered = self.tt.call("reduce_scatter", ttnn.reduce_scatter, t, 3,
-                                     cluster_axis=1, memory_config=self.dram, **ccl)
+            scattered = self.tt.call(
+                "reduce_scatter",
+                ttnn.reduce_scatter,
+                t,
+                3,
+                cluster_axis=1,
+                memory_config=self.dram,
+                **ccl,
+            )
             # all_gather takes no topology or links in 0.81 (deprecated and ignored, with a
             # warning per call): it picks them from the fabric itself.
-            total = self.tt.call("all_gather", ttnn.all_gather, scattered, 3, cluster_axis=1,
-                                 memory_config=self.dram)
+            total = self.tt.call(
+                "all_gather", ttnn.all_gather, scattered, 3, cluster_axis=1, memory_config=self.dram
+            )
             self.drop(scattered)
         out = self.typecast(total, self.act_dtype)
         if out is not total:
@@ -114,22 +145,30 @@ class TextOps:
         return out
 
     def add(self, a, b):
-        return self.wrap(self.tt.call("add", self.ttnn.add, a[1].t, b[1].t,
-                                      memory_config=self.dram))
+        return self.wrap(
+            self.tt.call("add", self.ttnn.add, a[1].t, b[1].t, memory_config=self.dram)
+        )
 
     def gamma(self, w, group, one_plus):
         """The [1, 1, 1, group] TILE gamma of a norm weight (1 + w when one_plus)."""
-        return self.row_of(w, ("gamma", one_plus), self.ttnn.float32,
-                           (lambda v: v + 1.0) if one_plus else None)
+        return self.row_of(
+            w, ("gamma", one_plus), self.ttnn.float32, (lambda v: v + 1.0) if one_plus else None
+        )
 
     def norm_groups(self, xt, rows, cols, group, eps, gamma, ckc=None):
         """ttnn.rms_norm over each `group` columns of [1, 1, rows, cols] -> same shape (HiFi4
         unless the kernel config `ckc` is given)."""
         groups = cols // group
         view = xt if groups == 1 else self.reshape(xt, (1, rows, groups, group))
-        y = self.tt.call("rms_norm", self.ttnn.rms_norm, view, epsilon=f32(eps), weight=gamma,
-                         compute_kernel_config=ckc or precise(self.ttnn),
-                         memory_config=self.dram)
+        y = self.tt.call(
+            "rms_norm",
+            self.ttnn.rms_norm,
+            view,
+            epsilon=f32(eps),
+            weight=gamma,
+            compute_kernel_config=ckc or precise(self.ttnn),
+            memory_config=self.dram,
+        )
         if view is not xt:
             self.drop(view)
         out = self.reshape(y, (1, 1, rows, cols))
@@ -149,17 +188,24 @@ class TextOps:
         half = mx.cols // 2
         gate = self.cols(xo.t, 0, half)
         up = self.cols(xo.t, half, 2 * half)
-        out = self.tt.call("multiply", self.ttnn.multiply, gate, up,
-                           input_tensor_a_activations=[self.unary("SILU")],
-                           memory_config=self.dram)
+        out = self.tt.call(
+            "multiply",
+            self.ttnn.multiply,
+            gate,
+            up,
+            input_tensor_a_activations=[self.unary("SILU")],
+            memory_config=self.dram,
+        )
         self.drop(gate, up)
         return self.wrap(out)
 
     def split_query_gate(self, qg, heads, head_dim):
         mx, xo = qg
         if heads * 2 * head_dim != mx.cols:
-            raise ValueError("split_query_gate: %d columns for %d heads of [query | gate] x %d"
-                             % (mx.cols, heads, head_dim))
+            raise ValueError(
+                "split_query_gate: %d columns for %d heads of [query | gate] x %d"
+                % (mx.cols, heads, head_dim)
+            )
         per_head = self.reshape(xo.t, (1, mx.rows, heads, 2 * head_dim))
         outs = []
         for c0 in (0, head_dim):
@@ -181,8 +227,14 @@ class TextOps:
             # The bridge passes the same tables object while they are the same (its cache).
             return last[1]
         rows, half, cos, sin = tables
-        key = ("rope", full, rows, half, hashlib.sha1(bytes(cos)).digest(),
-               hashlib.sha1(bytes(sin)).digest())
+        key = (
+            "rope",
+            full,
+            rows,
+            half,
+            hashlib.sha1(bytes(cos)).digest(),
+            hashlib.sha1(bytes(sin)).digest(),
+        )
         hit = self.internal.get(key)
         if hit is not None:
             self._rope_last[full] = (tables, hit)
@@ -192,8 +244,11 @@ class TextOps:
         made = []
         for data in (cos, sin):
             a = np.frombuffer(bytes(data), dtype=np.float32).reshape(rows, half)
-            a = np.concatenate([a, a], axis=1).reshape(1, 1, rows, 2 * half) if full \
+            a = (
+                np.concatenate([a, a], axis=1).reshape(1, 1, rows, 2 * half)
+                if full
                 else a.reshape(1, rows, 1, half)
+            )
             made.append(self.host_rows([a], self.act_dtype, self.ttnn.TILE_LAYOUT))
         self.keep_internal(key, tuple(made))
         self._rope_last[full] = (tables, tuple(made))
@@ -203,11 +258,12 @@ class TextOps:
         mx, xo = x
         rows, half = int(tables[0]), int(tables[1])
         if rows != mx.rows or heads * head_dim != mx.cols or 2 * half > head_dim:
-            raise ValueError("rope: %dx%d for %d heads x %d with tables of %d rows x %d"
-                             % (mx.rows, mx.cols, heads, head_dim, rows, half))
+            raise ValueError(
+                "rope: %dx%d for %d heads x %d with tables of %d rows x %d"
+                % (mx.rows, mx.cols, heads, head_dim, rows, half)
+            )
         if half == 0:
-            return self.wrap(self.tt.call("clone", self.ttnn.clone, xo.t,
-                                          memory_config=self.dram))
+            return self.wrap(self.tt.call("clone", self.ttnn.clone, xo.t, memory_config=self.dram))
         rot = 2 * half
         if rot == 32 or rot % 64 == 0:
             return self.wrap(self._rope_hf(xo.t, tables, rows, heads, head_dim, rot))
@@ -226,9 +282,15 @@ class TextOps:
         channels of each head, the rest passed through (rot == 32 or a multiple of 64)."""
         cos, sin = self.rope_tables(tables, True)
         part = self.cols(xh, 0, rot)
-        roped = self.tt.call("experimental.rotary_embedding_hf",
-                             self.ttnn.experimental.rotary_embedding_hf, part, cos, sin,
-                             is_decode_mode=False, memory_config=self.dram)
+        roped = self.tt.call(
+            "experimental.rotary_embedding_hf",
+            self.ttnn.experimental.rotary_embedding_hf,
+            part,
+            cos,
+            sin,
+            is_decode_mode=False,
+            memory_config=self.dram,
+        )
         rest = self.cols(xh, rot, d) if rot < d else None
         joined = self.concat([roped, rest], 3)
         self.drop(*[t for t in (part, roped, rest) if t is not joined and t is not xh])
@@ -251,11 +313,23 @@ class TextOps:
         rest = self.cols(xs, 2 * half, d) if 2 * half < d else None
         joined = self.concat([ra, rb, rest], 3)
         out = self.reshape(joined, (1, 1, rows, heads * d))
-        self.drop(*[t for t in (xs, a, b, ac, bs, bc, as_, ra, rb, rest, joined)
-                    if t is not out and t is not xt])
+        self.drop(
+            *[
+                t
+                for t in (xs, a, b, ac, bs, bc, as_, ra, rb, rest, joined)
+                if t is not out and t is not xt
+            ]
+        )
         return out
 
     def mul_sigmoid(self, x, gate):
-        return self.wrap(self.tt.call("multiply", self.ttnn.multiply, x[1].t, gate[1].t,
-                                      input_tensor_b_activations=[self.unary("SIGMOID")],
-                                      memory_config=self.dram))
+        return self.wrap(
+            self.tt.call(
+                "multiply",
+                self.ttnn.multiply,
+                x[1].t,
+                gate[1].t,
+                input_tensor_b_activations=[self.unary("SIGMOID")],
+                memory_config=self.dram,
+            )
+        )

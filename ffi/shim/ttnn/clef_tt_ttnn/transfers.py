@@ -12,15 +12,28 @@ one mesh tensor with `ttnn.from_host_shards`; a replicated part is copied to eve
 `to_device`. `host_matrix` is the host tensor of that path (tests read its bytes back through
 `host_buffer()` + dlpack and compare).
 """
+
 import itertools
 import os
 import tempfile
 
 import numpy as np
 
-from .meta import (MATRIX, VECTOR, REPLICATED, PARTIAL, F32, BF16, BFP8_B, BFP4_B,
-                   packed_bytes, stored_bytes, describe, as_meta)
 from .kv_cache import KV
+from .meta import (
+    BF16,
+    BFP4_B,
+    BFP8_B,
+    F32,
+    MATRIX,
+    PARTIAL,
+    REPLICATED,
+    VECTOR,
+    as_meta,
+    describe,
+    packed_bytes,
+    stored_bytes,
+)
 
 _headers = {}
 
@@ -35,8 +48,9 @@ def _scratch_file():
 
 
 def tt_dtype(ttnn, dtype):
-    return {F32: ttnn.float32, BF16: ttnn.bfloat16, BFP8_B: ttnn.bfloat8_b,
-            BFP4_B: ttnn.bfloat4_b}[dtype]
+    return {F32: ttnn.float32, BF16: ttnn.bfloat16, BFP8_B: ttnn.bfloat8_b, BFP4_B: ttnn.bfloat4_b}[
+        dtype
+    ]
 
 
 def _header(ttnn, rows, cols, dtype):
@@ -44,8 +58,11 @@ def _header(ttnn, rows, cols, dtype):
     key = (rows, cols, dtype)
     h = _headers.get(key)
     if h is None:
-        zero = ttnn.Tensor(np.zeros((1, 1, rows, cols), np.float32),
-                           data_type=tt_dtype(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
+        zero = ttnn.Tensor(
+            np.zeros((1, 1, rows, cols), np.float32),
+            data_type=tt_dtype(ttnn, dtype),
+            layout=ttnn.TILE_LAYOUT,
+        )
         f, path = _scratch_file()
         f.close()
         try:
@@ -83,6 +100,7 @@ def host_view(t):
     at any mesh coordinate: a device's part read back keeps its device's coordinate). The view
     keeps the buffer alive (dlpack's owner), not the tensor."""
     import ttnn
+
     buf = t.host_buffer()
     shape = buf.shape()
     dims = [int(shape[i]) for i in range(shape.dims())]
@@ -103,21 +121,34 @@ class Transfers:
         want = stored_bytes(meta)
         for i, p in enumerate(parts):
             if len(p) != want:
-                raise ValueError("upload: part %d has %d bytes, a %s takes %d"
-                                 % (i, len(p), describe(meta), want))
+                raise ValueError(
+                    "upload: part %d has %d bytes, a %s takes %d"
+                    % (i, len(p), describe(meta), want)
+                )
         if len(parts) not in (1, self.n):
             raise ValueError("upload: %d parts for a mesh of %d devices" % (len(parts), self.n))
         if meta.placement == REPLICATED:
             parts = parts[:1]
         if meta.role == MATRIX:
-            hosts = [self.tt.call("load_tensor", host_matrix, ttnn, meta.rows, meta.cols,
-                                  meta.dtype, p) for p in parts]
-            host = hosts[0] if len(hosts) == 1 else self.tt.call(
-                "from_host_shards", ttnn.from_host_shards, hosts, self.device.shape)
-            return self.wrap(self.tt.call("to_device", ttnn.to_device, host, self.device,
-                                          memory_config=self.dram))
-        arrays = [np.frombuffer(p, dtype=np.float32).reshape(1, 1, meta.rows, meta.cols)
-                  for p in parts]
+            hosts = [
+                self.tt.call("load_tensor", host_matrix, ttnn, meta.rows, meta.cols, meta.dtype, p)
+                for p in parts
+            ]
+            host = (
+                hosts[0]
+                if len(hosts) == 1
+                else self.tt.call(
+                    "from_host_shards", ttnn.from_host_shards, hosts, self.device.shape
+                )
+            )
+            return self.wrap(
+                self.tt.call(
+                    "to_device", ttnn.to_device, host, self.device, memory_config=self.dram
+                )
+            )
+        arrays = [
+            np.frombuffer(p, dtype=np.float32).reshape(1, 1, meta.rows, meta.cols) for p in parts
+        ]
         if meta.role == VECTOR:
             t = self.host_rows(arrays, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
             host = [a.reshape(meta.rows, meta.cols).copy() for a in arrays]
@@ -160,8 +191,9 @@ class Transfers:
             # The golden-shadow mode (golden/): the values ttnn's golden functions computed.
             a = np.asarray(shadow.values(t, device), dtype=np.float32).reshape(-1)
         elif t.dtype in (ttnn.bfloat16, ttnn.float32) and t.layout == ttnn.TILE_LAYOUT:
-            rm = self.tt.call("to_layout", ttnn.to_layout, t, ttnn.ROW_MAJOR_LAYOUT,
-                              memory_config=self.dram)
+            rm = self.tt.call(
+                "to_layout", ttnn.to_layout, t, ttnn.ROW_MAJOR_LAYOUT, memory_config=self.dram
+            )
             a = host_view(self._device_part(rm, device))
             a = a.view(np.uint16 if t.dtype == ttnn.bfloat16 else np.float32)
             del rm
@@ -171,8 +203,9 @@ class Transfers:
                 part = ttnn.to_dtype(part, ttnn.float32)
             a = part.to_numpy().reshape(-1)
         if a.size < n:
-            raise ValueError("download: the device returned %d values, %s holds %d"
-                             % (a.size, describe(meta), n))
+            raise ValueError(
+                "download: the device returned %d values, %s holds %d" % (a.size, describe(meta), n)
+            )
         if isinstance(obj, KV):
             self.drop(t)
         return np.ascontiguousarray(a[:n])
@@ -186,7 +219,7 @@ class Transfers:
             data = self.tt.shadow.stored_bytes(obj.t, device, tt_dtype(self.ttnn, meta.dtype))
         else:
             data = host_bytes(self._device_part(obj.t, device))
-        return data[:stored_bytes(meta)]
+        return data[: stored_bytes(meta)]
 
     def footprint(self, t):
         """Bytes one device's allocator holds for device tensor `t` (interleaved: the same
@@ -206,8 +239,9 @@ class Transfers:
         """A new tensor with its own device buffers and the same values (ttnn.clone)."""
         if isinstance(obj, KV):
             return self.kv_copy(obj)
-        return self.wrap(self.tt.call("clone", self.ttnn.clone, obj.t, memory_config=self.dram),
-                         host=obj.host)
+        return self.wrap(
+            self.tt.call("clone", self.ttnn.clone, obj.t, memory_config=self.dram), host=obj.host
+        )
 
     def allocate(self, meta):
         """Device memory for `meta` on every device, values unset (no host data): matrices
@@ -223,9 +257,15 @@ class Transfers:
         else:
             dtype = ttnn.float32 if meta.placement == PARTIAL else self.act_dtype
             layout = ttnn.TILE_LAYOUT
-        t = self.tt.call("allocate_tensor_on_device", ttnn.allocate_tensor_on_device,
-                         ttnn.Shape([1, 1, meta.rows, meta.cols]), dtype, layout, self.device,
-                         self.dram)
+        t = self.tt.call(
+            "allocate_tensor_on_device",
+            ttnn.allocate_tensor_on_device,
+            ttnn.Shape([1, 1, meta.rows, meta.cols]),
+            dtype,
+            layout,
+            self.device,
+            self.dram,
+        )
         return self.wrap(t)
 
     def free(self, meta, obj):

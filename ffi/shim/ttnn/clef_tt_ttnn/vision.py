@@ -11,6 +11,7 @@
   broadcast over the heads and rotate_half = concat(-x2, x1).
 - fold_rows: a reshape [rows, cols] -> [rows/group, cols*group] (row-major order is the ABI's).
 """
+
 from .meta import GELU_TANH, f32
 from .programs import precise
 
@@ -22,9 +23,16 @@ class VisionOps:
         mx, xo = x
         gamma = self.row_of(w[1], "ln_row", self.ttnn.float32)
         beta = self.row_of(b[1], "ln_row", self.ttnn.float32)
-        y = self.tt.call("layer_norm", self.ttnn.layer_norm, xo.t, epsilon=f32(eps),
-                         weight=gamma, bias=beta, compute_kernel_config=precise(self.ttnn),
-                         memory_config=self.dram)
+        y = self.tt.call(
+            "layer_norm",
+            self.ttnn.layer_norm,
+            xo.t,
+            epsilon=f32(eps),
+            weight=gamma,
+            bias=beta,
+            compute_kernel_config=precise(self.ttnn),
+            memory_config=self.dram,
+        )
         return self.wrap(y)
 
     def add_bias(self, x, b):
@@ -35,8 +43,9 @@ class VisionOps:
     def gelu(self, x, kind):
         ttnn = self.ttnn
         variant = ttnn.GeluVariant.Tanh if int(kind) == GELU_TANH else ttnn.GeluVariant.Accurate
-        return self.wrap(self.tt.call("gelu", ttnn.gelu, x[1].t, variant=variant,
-                                      memory_config=self.dram))
+        return self.wrap(
+            self.tt.call("gelu", ttnn.gelu, x[1].t, variant=variant, memory_config=self.dram)
+        )
 
     def rotary(self, x, cos, sin, heads, head_dim):
         mx, xo = x
@@ -48,8 +57,15 @@ class VisionOps:
         if d == 32 or d % 64 == 0:
             # The fused HF rotate-half on heads-first x; cos/sin are already [1, 1, rows, d].
             xh = self.heads_first(xo.t, heads, d)
-            roped = call("experimental.rotary_embedding_hf", ttnn.experimental.rotary_embedding_hf,
-                         xh, cos[1].t, sin[1].t, is_decode_mode=False, memory_config=dram)
+            roped = call(
+                "experimental.rotary_embedding_hf",
+                ttnn.experimental.rotary_embedding_hf,
+                xh,
+                cos[1].t,
+                sin[1].t,
+                is_decode_mode=False,
+                memory_config=dram,
+            )
             out = self.heads_last(roped)
             self.drop(*[t for t in (xh, roped) if t is not out and t is not xo.t])
             return self.wrap(out)

@@ -22,6 +22,7 @@ capture), weights can be random (`Bench(seed=...)`), and `vision_block` runs one
     source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && \
         $CLEF_TT_PYTHON .../bench_layers_mock.py [--fine] [--budget N] [T ...]
 """
+
 import os
 import sys
 import time
@@ -32,9 +33,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import clef_tt_ttnn as ct  # noqa: E402
 from clef_tt_ttnn import Meta  # noqa: E402
-from clef_tt_ttnn.meta import (ACTIVATION, MATRIX, VECTOR, REPLICATED, SHARDED,  # noqa: E402
-                               PARTIAL, F32, BF16, BFP8_B, TILE, ROW_MAJOR, HIFI2, GELU_TANH,
-                               stored_bytes, tile_bytes)
+from clef_tt_ttnn.meta import (
+    ACTIVATION,
+    BF16,
+    BFP8_B,
+    F32,
+    GELU_TANH,
+    HIFI2,
+    MATRIX,
+    PARTIAL,
+    REPLICATED,
+    ROW_MAJOR,
+    SHARDED,  # noqa: E402
+    TILE,
+    VECTOR,
+    stored_bytes,
+    tile_bytes,
+)
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, ROT = 5120, 12, 2, 256, 64
 NK, NV, DK, DV, KERNEL = 8, 24, 128, 128, 4
@@ -55,9 +70,17 @@ class Bench:
         N(0, 0.02) (norm gains about 1), activations N(0, 1)."""
         self.rng = None if seed is None else np.random.default_rng(seed)
         self.b = ct.Backend()
-        self.m = self.b.open(dict(cols=2, parent_cols=0, submesh_offset=0, num_command_queues=2,
-                                  l1_small_size=24576, trace_region_size=0,
-                                  activation_dtype=BF16))
+        self.m = self.b.open(
+            dict(
+                cols=2,
+                parent_cols=0,
+                submesh_offset=0,
+                num_command_queues=2,
+                l1_small_size=24576,
+                trace_region_size=0,
+                activation_dtype=BF16,
+            )
+        )
         self.n = self.m.n
         self._tiles = {}
 
@@ -79,8 +102,11 @@ class Bench:
                 block = np.concatenate([exps, codes], axis=1).tobytes()
             else:
                 vals = (self.rng.standard_normal(tiles * 1024) * 0.02).astype(np.float32)
-                block = (vals.view(np.uint32) >> 16).astype(np.uint16).tobytes() \
-                    if meta.dtype == BF16 else vals.tobytes()
+                block = (
+                    (vals.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+                    if meta.dtype == BF16
+                    else vals.tobytes()
+                )
             assert len(block) == tiles * tile_bytes(meta.dtype)
             self._tiles[meta.dtype] = block
         reps = -(-size // len(block))
@@ -99,14 +125,16 @@ class Bench:
     def vec(self, k, center=0.0, placement=REPLICATED):
         meta = Meta(k, 1, self.n, F32, ROW_MAJOR, VECTOR, placement)
         parts = 1 if placement == REPLICATED else self.n
-        return meta, self.m.upload(meta, [self.values(k, 0.02, center).tobytes()
-                                          for _ in range(parts)])
+        return meta, self.m.upload(
+            meta, [self.values(k, 0.02, center).tobytes() for _ in range(parts)]
+        )
 
     def act(self, rows, cols, placement=REPLICATED):
         meta = Meta(rows, cols, self.n, F32, TILE, ACTIVATION, placement)
         parts = 1 if placement == REPLICATED else self.n
-        return meta, self.m.upload(meta, [self.values((rows, cols)).tobytes()
-                                          for _ in range(parts)])
+        return meta, self.m.upload(
+            meta, [self.values((rows, cols)).tobytes() for _ in range(parts)]
+        )
 
     def res(self, obj, rows, cols, placement):
         return Meta(rows, cols, self.n, F32, TILE, ACTIVATION, placement), obj
@@ -115,10 +143,16 @@ class Bench:
         """The core's rope tables (rows, half, cos bytes, sin bytes) for positions start.. of a
         text chunk (plain 1-D angles; the values do not matter to ttnn)."""
         half = ROT // 2
-        ang = np.arange(start, start + t, dtype=np.float64)[:, None] * \
-            (1e7 ** (-np.arange(half) / half))[None, :]
-        return (t, half, np.cos(ang).astype(np.float32).tobytes(),
-                np.sin(ang).astype(np.float32).tobytes())
+        ang = (
+            np.arange(start, start + t, dtype=np.float64)[:, None]
+            * (1e7 ** (-np.arange(half) / half))[None, :]
+        )
+        return (
+            t,
+            half,
+            np.cos(ang).astype(np.float32).tobytes(),
+            np.sin(ang).astype(np.float32).tobytes(),
+        )
 
     def weights(self):
         w = {}
@@ -137,8 +171,9 @@ class Bench:
 
     def mlp(self, w, h, t):
         m, op = self.m, self.op
-        x = self.res(op("rms_norm (post)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
-                     REPLICATED)
+        x = self.res(
+            op("rms_norm (post)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED
+        )
         gu = self.res(op("linear gate|up", m.linear, x, w["gu"], CFG), t, 2 * FFN, SHARDED)
         act = self.res(op("swiglu", m.swiglu, gu), t, FFN, SHARDED)
         down = self.res(op("linear down", m.linear, act, w["down"], CFG), t, HIDDEN, PARTIAL)
@@ -147,30 +182,55 @@ class Bench:
 
     def attention(self, w, h, t, cache, positions):
         m, op = self.m, self.op
-        x = self.res(op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
-                     REPLICATED)
-        fused = self.res(op("linear qkv|gate", m.linear, x, w["qkv"], CFG), t,
-                         w["qkv"][0].cols, SHARDED)
+        x = self.res(
+            op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED
+        )
+        fused = self.res(
+            op("linear qkv|gate", m.linear, x, w["qkv"], CFG), t, w["qkv"][0].cols, SHARDED
+        )
         widths = (2 * HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM)
-        qg, k, v = [self.res(p, t, c, SHARDED) for p, c in zip(
-            op("split_cols", m.split_cols, fused, list(widths)), widths)]
-        q, gate = [self.res(p, t, HEADS * HEAD_DIM, SHARDED)
-                   for p in op("split_query_gate", m.split_query_gate, qg, HEADS, HEAD_DIM)]
-        q = self.res(op("rms_norm q", m.rms_norm, q, w["qn"], HEAD_DIM, EPS, 1), t,
-                     HEADS * HEAD_DIM, SHARDED)
-        k = self.res(op("rms_norm k", m.rms_norm, k, w["kn"], HEAD_DIM, EPS, 1), t,
-                     KV_HEADS * HEAD_DIM, SHARDED)
-        q = self.res(op("rope q", m.rope, q, positions, HEADS, HEAD_DIM), t, HEADS * HEAD_DIM,
-                     SHARDED)
-        k = self.res(op("rope k", m.rope, k, positions, KV_HEADS, HEAD_DIM), t,
-                     KV_HEADS * HEAD_DIM, SHARDED)
+        qg, k, v = [
+            self.res(p, t, c, SHARDED)
+            for p, c in zip(op("split_cols", m.split_cols, fused, list(widths)), widths)
+        ]
+        q, gate = [
+            self.res(p, t, HEADS * HEAD_DIM, SHARDED)
+            for p in op("split_query_gate", m.split_query_gate, qg, HEADS, HEAD_DIM)
+        ]
+        q = self.res(
+            op("rms_norm q", m.rms_norm, q, w["qn"], HEAD_DIM, EPS, 1), t, HEADS * HEAD_DIM, SHARDED
+        )
+        k = self.res(
+            op("rms_norm k", m.rms_norm, k, w["kn"], HEAD_DIM, EPS, 1),
+            t,
+            KV_HEADS * HEAD_DIM,
+            SHARDED,
+        )
+        q = self.res(
+            op("rope q", m.rope, q, positions, HEADS, HEAD_DIM), t, HEADS * HEAD_DIM, SHARDED
+        )
+        k = self.res(
+            op("rope k", m.rope, k, positions, KV_HEADS, HEAD_DIM), t, KV_HEADS * HEAD_DIM, SHARDED
+        )
         start = 0 if cache is None else cache[0][0].rows
-        keys = self.res(op("append_rows K", m.append_rows, None if cache is None else cache[0],
-                           k, KV_HEADS), start + t, KV_HEADS * HEAD_DIM, SHARDED)
-        vals = self.res(op("append_rows V", m.append_rows, None if cache is None else cache[1],
-                           v, KV_HEADS), start + t, KV_HEADS * HEAD_DIM, SHARDED)
-        o = self.res(op("causal_attention", m.causal_attention, q, keys, vals, HEADS, KV_HEADS,
-                        HEAD_DIM), t, HEADS * HEAD_DIM, SHARDED)
+        keys = self.res(
+            op("append_rows K", m.append_rows, None if cache is None else cache[0], k, KV_HEADS),
+            start + t,
+            KV_HEADS * HEAD_DIM,
+            SHARDED,
+        )
+        vals = self.res(
+            op("append_rows V", m.append_rows, None if cache is None else cache[1], v, KV_HEADS),
+            start + t,
+            KV_HEADS * HEAD_DIM,
+            SHARDED,
+        )
+        o = self.res(
+            op("causal_attention", m.causal_attention, q, keys, vals, HEADS, KV_HEADS, HEAD_DIM),
+            t,
+            HEADS * HEAD_DIM,
+            SHARDED,
+        )
         g = self.res(op("mul_sigmoid", m.mul_sigmoid, o, gate), t, HEADS * HEAD_DIM, SHARDED)
         out = self.res(op("linear o_proj", m.linear, g, w["o"], CFG), t, HIDDEN, PARTIAL)
         out = self.res(op("all_reduce", m.all_reduce, out), t, HIDDEN, REPLICATED)
@@ -179,27 +239,48 @@ class Bench:
     def delta(self, w, h, t, state):
         m, op = self.m, self.op
         kd, vd = NK * DK, NV * DV
-        x = self.res(op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN,
-                     REPLICATED)
-        fused = self.res(op("linear in_proj", m.linear, x, w["in"], CFG), t, w["in"][0].cols,
-                         SHARDED)
+        x = self.res(
+            op("rms_norm (input)", m.rms_norm, h, w["norm"], HIDDEN, EPS, 1), t, HIDDEN, REPLICATED
+        )
+        fused = self.res(
+            op("linear in_proj", m.linear, x, w["in"], CFG), t, w["in"][0].cols, SHARDED
+        )
         widths = [2 * kd + vd, vd, NV, NV]
-        qkv, z, b, a = [self.res(p, t, c, SHARDED) for p, c in zip(
-            op("split_cols", m.split_cols, fused, widths), widths)]
-        conv, carry = op("causal_conv1d_silu", m.causal_conv1d_silu, qkv, w["conv"],
-                         None if state is None else state[0], KERNEL)
-        conv, carry = self.res(conv, t, 2 * kd + vd, SHARDED), self.res(carry, KERNEL - 1,
-                                                                       2 * kd + vd, SHARDED)
-        g, beta = [self.res(p, t, NV, SHARDED)
-                   for p in op("delta_gates", m.delta_gates, a, b, w["alog"], w["dt"])]
+        qkv, z, b, a = [
+            self.res(p, t, c, SHARDED)
+            for p, c in zip(op("split_cols", m.split_cols, fused, widths), widths)
+        ]
+        conv, carry = op(
+            "causal_conv1d_silu",
+            m.causal_conv1d_silu,
+            qkv,
+            w["conv"],
+            None if state is None else state[0],
+            KERNEL,
+        )
+        conv, carry = (
+            self.res(conv, t, 2 * kd + vd, SHARDED),
+            self.res(carry, KERNEL - 1, 2 * kd + vd, SHARDED),
+        )
+        g, beta = [
+            self.res(p, t, NV, SHARDED)
+            for p in op("delta_gates", m.delta_gates, a, b, w["alog"], w["dt"])
+        ]
         spec = dict(key_heads=NK, value_heads=NV, key_dim=DK, value_dim=DV)
-        core, s = op("gated_delta_rule", m.gated_delta_rule, conv, g, beta,
-                     None if state is None else state[1], spec)
+        core, s = op(
+            "gated_delta_rule",
+            m.gated_delta_rule,
+            conv,
+            g,
+            beta,
+            None if state is None else state[1],
+            spec,
+        )
         core, s = self.res(core, t, vd, SHARDED), self.res(s, NV * DK, DV, SHARDED)
-        normed = self.res(op("gated_rms_norm", m.gated_rms_norm, core, z, w["gnorm"], DV, EPS),
-                          t, vd, SHARDED)
-        out = self.res(op("linear out_proj", m.linear, normed, w["out"], CFG), t, HIDDEN,
-                       PARTIAL)
+        normed = self.res(
+            op("gated_rms_norm", m.gated_rms_norm, core, z, w["gnorm"], DV, EPS), t, vd, SHARDED
+        )
+        out = self.res(op("linear out_proj", m.linear, normed, w["out"], CFG), t, HIDDEN, PARTIAL)
         out = self.res(op("all_reduce", m.all_reduce, out), t, HIDDEN, REPLICATED)
         return self.res(op("add (residual)", m.add, h, out), t, HIDDEN, REPLICATED), (carry, s)
 
@@ -208,29 +289,51 @@ class Bench:
     def attention_layer(self, w, h, t, cache, positions):
         p = dict(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, eps=EPS, reduce=1, config=CFG)
         kv = (None, None) if cache is None else cache
-        out, keys, vals = self.op("attention layer", self.m.layer_op, "attention",
-                                  [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], *kv], p,
-                                  positions)
+        out, keys, vals = self.op(
+            "attention layer",
+            self.m.layer_op,
+            "attention",
+            [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], *kv],
+            p,
+            positions,
+        )
         start = 0 if cache is None else cache[0][0].rows
         kv_cols = KV_HEADS * HEAD_DIM
-        return self.res(out, t, HIDDEN, REPLICATED), (self.res(keys, start + t, kv_cols, SHARDED),
-                                                      self.res(vals, start + t, kv_cols, SHARDED))
+        return self.res(out, t, HIDDEN, REPLICATED), (
+            self.res(keys, start + t, kv_cols, SHARDED),
+            self.res(vals, start + t, kv_cols, SHARDED),
+        )
 
     def delta_layer(self, w, h, t, state):
-        p = dict(key_heads=NK, value_heads=NV, key_dim=DK, value_dim=DV, conv_kernel=KERNEL,
-                 eps=EPS, reduce=1, config=CFG)
+        p = dict(
+            key_heads=NK,
+            value_heads=NV,
+            key_dim=DK,
+            value_dim=DV,
+            conv_kernel=KERNEL,
+            eps=EPS,
+            reduce=1,
+            config=CFG,
+        )
         carried = (None, None) if state is None else state
-        out, carry, s = self.op("delta_net layer", self.m.layer_op, "delta_net",
-                                [h, w["norm"], w["in"], w["conv"], w["alog"], w["dt"],
-                                 w["gnorm"], w["out"], *carried], p, None)
+        out, carry, s = self.op(
+            "delta_net layer",
+            self.m.layer_op,
+            "delta_net",
+            [h, w["norm"], w["in"], w["conv"], w["alog"], w["dt"], w["gnorm"], w["out"], *carried],
+            p,
+            None,
+        )
         return self.res(out, t, HIDDEN, REPLICATED), (
             self.res(carry, KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED),
-            self.res(s, NV * DK, DV, SHARDED))
+            self.res(s, NV * DK, DV, SHARDED),
+        )
 
     def mlp_layer(self, w, h, t):
         p = dict(eps=EPS, reduce=1, config=CFG)
-        out, = self.op("mlp layer", self.m.layer_op, "mlp", [h, w["norm"], w["gu"], w["down"]],
-                       p, None)
+        (out,) = self.op(
+            "mlp layer", self.m.layer_op, "mlp", [h, w["norm"], w["gu"], w["down"]], p, None
+        )
         return self.res(out, t, HIDDEN, REPLICATED)
 
     def vision_weights(self):
@@ -240,8 +343,10 @@ class Bench:
         w["ln2"] = (self.vec(V_HIDDEN, 1.0), self.vec(V_HIDDEN))
         w["qkv"], w["qkv_b"] = self.matrix(V_HIDDEN, qkv, BF16), self.vec(qkv, placement=SHARDED)
         w["proj"], w["proj_b"] = self.matrix(V_HEADS * V_DIM, V_HIDDEN, BF16), self.vec(V_HIDDEN)
-        w["fc1"], w["fc1_b"] = self.matrix(V_HIDDEN, V_FFN, BF16), self.vec(V_FFN,
-                                                                           placement=SHARDED)
+        w["fc1"], w["fc1_b"] = (
+            self.matrix(V_HIDDEN, V_FFN, BF16),
+            self.vec(V_FFN, placement=SHARDED),
+        )
         w["fc2"], w["fc2_b"] = self.matrix(V_FFN, V_HIDDEN, BF16), self.vec(V_HIDDEN)
         return w
 
@@ -249,22 +354,25 @@ class Bench:
         """One block of the tower's `hidden` (vision/src/tower/mod.rs) over `p` patches of one
         image (one segment); cos/sin the [p, head_dim] rotary tables (replicated)."""
         m, op, width = self.m, self.op, V_HEADS * V_DIM
-        h = self.res(op("layer_norm 1", m.layer_norm, x, *w["ln1"], V_EPS), p, V_HIDDEN,
-                     REPLICATED)
+        h = self.res(op("layer_norm 1", m.layer_norm, x, *w["ln1"], V_EPS), p, V_HIDDEN, REPLICATED)
         qkv = self.res(op("linear qkv", m.linear, h, w["qkv"], CFG), p, 3 * width, SHARDED)
         qkv = self.res(op("add_bias qkv", m.add_bias, qkv, w["qkv_b"]), p, 3 * width, SHARDED)
-        q, k, v = [self.res(t, p, width, SHARDED)
-                   for t in op("split_cols", m.split_cols, qkv, [width] * 3)]
+        q, k, v = [
+            self.res(t, p, width, SHARDED) for t in op("split_cols", m.split_cols, qkv, [width] * 3)
+        ]
         q = self.res(op("rotary q", m.rotary, q, cos, sin, V_HEADS, V_DIM), p, width, SHARDED)
         k = self.res(op("rotary k", m.rotary, k, cos, sin, V_HEADS, V_DIM), p, width, SHARDED)
-        a = self.res(op("segment_attention", m.segment_attention, q, k, v, V_HEADS, V_DIM,
-                        [(0, p)]), p, width, SHARDED)
+        a = self.res(
+            op("segment_attention", m.segment_attention, q, k, v, V_HEADS, V_DIM, [(0, p)]),
+            p,
+            width,
+            SHARDED,
+        )
         y = self.res(op("linear proj", m.linear, a, w["proj"], CFG), p, V_HIDDEN, PARTIAL)
         y = self.res(op("all_reduce proj", m.all_reduce, y), p, V_HIDDEN, REPLICATED)
         y = self.res(op("add_bias proj", m.add_bias, y, w["proj_b"]), p, V_HIDDEN, REPLICATED)
         x = self.res(op("add (residual 1)", m.add, x, y), p, V_HIDDEN, REPLICATED)
-        h = self.res(op("layer_norm 2", m.layer_norm, x, *w["ln2"], V_EPS), p, V_HIDDEN,
-                     REPLICATED)
+        h = self.res(op("layer_norm 2", m.layer_norm, x, *w["ln2"], V_EPS), p, V_HIDDEN, REPLICATED)
         u = self.res(op("linear fc1", m.linear, h, w["fc1"], CFG), p, V_FFN, SHARDED)
         u = self.res(op("add_bias fc1", m.add_bias, u, w["fc1_b"]), p, V_FFN, SHARDED)
         u = self.res(op("gelu (tanh)", m.gelu, u, GELU_TANH), p, V_FFN, SHARDED)
@@ -300,8 +408,11 @@ class Bench:
 
     def run(self, lengths, fine=False):
         """fine: the fine-op composition instead of the layer ops."""
-        attention, delta, mlp = ((self.attention, self.delta, self.mlp) if fine else
-                                 (self.attention_layer, self.delta_layer, self.mlp_layer))
+        attention, delta, mlp = (
+            (self.attention, self.delta, self.mlp)
+            if fine
+            else (self.attention_layer, self.delta_layer, self.mlp_layer)
+        )
         w = self.weights()
         print("layer kind            T  ttnn calls  device ops  host ms (cached programs)")
         totals = {}
@@ -315,31 +426,42 @@ class Bench:
                 if "kv" not in prev_kv:
                     prev_kv["kv"] = attention(w, h, t, None, positions)[1]
                 return attention(w, h, t, prev_kv["kv"], positions)
+
             rows = {}
             rows["attention"] = self.timed(lambda: attention(w, h, t, None, positions))
             rows["attention+cache"] = self.timed(attn_second_chunk)
             rows["deltanet"] = self.timed(lambda: delta(w, h, t, None))
             rows["mlp"] = self.timed(lambda: mlp(w, h, t))
-            devops = {"attention": self.device_ops(lambda: attention(w, h, t, None,
-                                                                          positions)),
-                      "attention+cache": self.device_ops(attn_second_chunk),
-                      "deltanet": self.device_ops(lambda: delta(w, h, t, None)),
-                      "mlp": self.device_ops(lambda: mlp(w, h, t))}
+            devops = {
+                "attention": self.device_ops(lambda: attention(w, h, t, None, positions)),
+                "attention+cache": self.device_ops(attn_second_chunk),
+                "deltanet": self.device_ops(lambda: delta(w, h, t, None)),
+                "mlp": self.device_ops(lambda: mlp(w, h, t)),
+            }
             for name, (dt, calls, _) in rows.items():
                 print("%-18s %5d  %10d  %10d  %8.2f" % (name, t, calls, devops[name], dt * 1e3))
-            est = 16 * (rows["attention"][0] + rows["mlp"][0]) + 48 * (rows["deltanet"][0]
-                                                                       + rows["mlp"][0])
-            calls = 16 * (rows["attention"][1] + rows["mlp"][1]) + 48 * (rows["deltanet"][1]
-                                                                         + rows["mlp"][1])
-            ops = 16 * (devops["attention"] + devops["mlp"]) + 48 * (devops["deltanet"]
-                                                                     + devops["mlp"]) + 1
+            est = 16 * (rows["attention"][0] + rows["mlp"][0]) + 48 * (
+                rows["deltanet"][0] + rows["mlp"][0]
+            )
+            calls = 16 * (rows["attention"][1] + rows["mlp"][1]) + 48 * (
+                rows["deltanet"][1] + rows["mlp"][1]
+            )
+            ops = (
+                16 * (devops["attention"] + devops["mlp"])
+                + 48 * (devops["deltanet"] + devops["mlp"])
+                + 1
+            )
             totals[t] = (est, calls, ops)
-            print("64 layers at T=%d: ~%d ttnn calls, %d device ops, ~%.0f ms host"
-                  % (t, calls, ops, est * 1e3))
+            print(
+                "64 layers at T=%d: ~%d ttnn calls, %d device ops, ~%.0f ms host"
+                % (t, calls, ops, est * 1e3)
+            )
             for kind in ("attention", "attention+cache", "deltanet"):
                 top = sorted(rows[kind][2].items(), key=lambda kv: -kv[1][1])[:6]
-                print("  %s's costliest ttnn calls: %s" % (kind, ", ".join(
-                    "%s %dx %.2f ms" % (k, c, s * 1e3) for k, (c, s) in top)))
+                print(
+                    "  %s's costliest ttnn calls: %s"
+                    % (kind, ", ".join("%s %dx %.2f ms" % (k, c, s * 1e3) for k, (c, s) in top))
+                )
         self.m.close()
         return totals
 
@@ -354,6 +476,8 @@ if __name__ == "__main__":
     chunks = Bench().run([int(a) for a in args] or [128, 1024], fine)
     over = {t: ops for t, (_, _, ops) in chunks.items() if budget is not None and ops > budget}
     if over:
-        print("FAIL: device ops per chunk over the budget of %d: %s"
-              % (budget, ", ".join("%d at T=%d" % (ops, t) for t, ops in over.items())))
+        print(
+            "FAIL: device ops per chunk over the budget of %d: %s"
+            % (budget, ", ".join("%d at T=%d" % (ops, t) for t, ops in over.items()))
+        )
         sys.exit(1)

@@ -29,6 +29,7 @@ one). Takes about 10 s with the kernel cache ($TT_METAL_CACHE) warm, under 2 min
     cd "$(mktemp -d)" && $CLEF_TT_PYTHON /work/main/ffi/shim/ttnn/tests/ops_at_scale_mock.py \\
         [--plan target/tt/debug/clef-tt] [--md report.md] [--only attention0,...]
 """
+
 import argparse
 import os
 import re
@@ -40,8 +41,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_layers_mock as bl  # noqa: E402
-from bench_layers_mock import (Bench, HIDDEN, KV_HEADS, HEAD_DIM, NK, NV, DK, DV,  # noqa: E402
-                               KERNEL, V_HIDDEN, V_DIM, SHARDED)
+from bench_layers_mock import (
+    DK,
+    DV,  # noqa: E402
+    HEAD_DIM,
+    HIDDEN,
+    KERNEL,
+    KV_HEADS,
+    NK,
+    NV,
+    SHARDED,
+    V_DIM,
+    V_HIDDEN,
+    Bench,
+)
 from clef_tt_ttnn import programs  # noqa: E402
 from clef_tt_ttnn.kv_cache import KV  # noqa: E402
 from clef_tt_ttnn.meta import BF16, F32, tile_bytes  # noqa: E402
@@ -98,8 +111,11 @@ PLAN_OP = {
     "linear fc2": "block fc2 matmul",
 }
 # all_reduce: which plan row depends on the layer kind.
-ALL_REDUCE = {"attention": "all_reduce (o_proj, out_proj)",
-              "deltanet": "all_reduce (o_proj, out_proj)", "mlp": "all_reduce (down_proj)"}
+ALL_REDUCE = {
+    "attention": "all_reduce (o_proj, out_proj)",
+    "deltanet": "all_reduce (o_proj, out_proj)",
+    "mlp": "all_reduce (down_proj)",
+}
 
 
 class Refused(Exception):
@@ -109,26 +125,51 @@ class Refused(Exception):
 # -- clef-tt plan ---------------------------------------------------------------------------------
 def plan_tables(binary, start):
     """{section: {op: (runs, GFLOP, ms at the measured rate, ms at peak)}} of `clef-tt plan`."""
-    out = subprocess.run([binary, "plan", "--shape", "clef-27b", "--mesh", "1x2", "--profile",
-                          "selected", "--tokens", str(T), "--start", str(start), "--patches",
-                          str(PATCHES)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            binary,
+            "plan",
+            "--shape",
+            "clef-27b",
+            "--mesh",
+            "1x2",
+            "--profile",
+            "selected",
+            "--tokens",
+            str(T),
+            "--start",
+            str(start),
+            "--patches",
+            str(PATCHES),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     tables, section = {}, None
     for line in out.splitlines():
         if line.startswith("## "):
-            section = "chunk" if "prefill chunk" in line else \
-                "vision" if "Vision tower" in line else None
+            section = (
+                "chunk" if "prefill chunk" in line else "vision" if "Vision tower" in line else None
+            )
             continue
         cells = [c.strip() for c in line.strip()[1:-1].split(" | ")]
         if section and len(cells) == 7 and re.fullmatch(r"\d+", cells[1]):
-            tables.setdefault(section, {})[cells[0]] = (int(cells[1]), float(cells[2]),
-                                                        float(cells[5]), float(cells[6]))
+            tables.setdefault(section, {})[cells[0]] = (
+                int(cells[1]),
+                float(cells[2]),
+                float(cells[5]),
+                float(cells[6]),
+            )
     return tables
 
 
 def find_binary(arg):
-    for p in ([arg] if arg else []) + [os.environ.get("CLEF_TT_BIN", ""),
-                                       os.path.join(REPO, "target/tt/debug/clef-tt"),
-                                       os.path.join(REPO, "target/debug/clef-tt")]:
+    for p in ([arg] if arg else []) + [
+        os.environ.get("CLEF_TT_BIN", ""),
+        os.path.join(REPO, "target/tt/debug/clef-tt"),
+        os.path.join(REPO, "target/debug/clef-tt"),
+    ]:
         if p and os.access(p, os.X_OK):
             return p
     return None
@@ -153,8 +194,9 @@ def summarize(ttnn, graph):
         if kind == "function_start":
             d = None
             if "program_factory_type" in p:
-                d = dict(name=p["name"], factory=short(p["program_factory_type"]), programs=[],
-                         l1=[])
+                d = dict(
+                    name=p["name"], factory=short(p["program_factory_type"]), programs=[], l1=[]
+                )
                 devops.append(d)
             stack.append(d)
         elif kind == "function_end":
@@ -191,6 +233,7 @@ class Capture(Bench):
     def __init__(self):
         super().__init__(seed=27)
         import ttnn
+
         self.ttnn = ttnn
         self.graph = ttnn._ttnn.graph
         self.rows = []
@@ -200,9 +243,11 @@ class Capture(Bench):
         """The block bookkeeping of the KV pools among `args`, and in a list argument (a layer
         op's tensors), restored so a captured re-run takes the path the first run took."""
         flat = [e for a in args for e in (a if isinstance(a, list) else [a])]
-        return [(a[1].pool, (list(a[1].pool.refs), list(a[1].pool.filled),
-                             list(a[1].pool.free))) for a in flat
-                if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], KV)]
+        return [
+            (a[1].pool, (list(a[1].pool.refs), list(a[1].pool.filled), list(a[1].pool.free)))
+            for a in flat
+            if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], KV)
+        ]
 
     def _release(self, out, inputs):
         if isinstance(out, (tuple, list)):
@@ -215,8 +260,13 @@ class Capture(Bench):
 
     def op(self, label, fn, *args):
         tails = self._kv_tails(args)
-        row = dict(label=label, accepted=True, devops=[], usage=None,
-                   metas=[a[0] for a in args if isinstance(a, tuple) and len(a) == 2])
+        row = dict(
+            label=label,
+            accepted=True,
+            devops=[],
+            usage=None,
+            metas=[a[0] for a in args if isinstance(a, tuple) and len(a) == 2],
+        )
         self.rows.append(row)
         try:
             out = fn(*args)
@@ -226,8 +276,12 @@ class Capture(Bench):
         after = self._kv_tails(args)
         for pool, (refs, filled, free) in tails:
             pool.refs, pool.filled, pool.free = refs, filled, free
-        inputs = [t for a in args if isinstance(a, tuple) and len(a) == 2
-                  and hasattr(a[1], "tensors") for t in a[1].tensors()]
+        inputs = [
+            t
+            for a in args
+            if isinstance(a, tuple) and len(a) == 2 and hasattr(a[1], "tensors")
+            for t in a[1].tensors()
+        ]
         g = self.graph
         g.begin_graph_capture(g.RunMode.NO_DISPATCH)
         try:
@@ -257,10 +311,12 @@ class Capture(Bench):
             n = min(T, rows - r0)
             k = self.act(n, KV_HEADS * HEAD_DIM, SHARDED)
             v = self.act(n, KV_HEADS * HEAD_DIM, SHARDED)
-            keys = self.res(self.m.append_rows(keys, k, KV_HEADS), r0 + n, KV_HEADS * HEAD_DIM,
-                            SHARDED)
-            vals = self.res(self.m.append_rows(vals, v, KV_HEADS), r0 + n, KV_HEADS * HEAD_DIM,
-                            SHARDED)
+            keys = self.res(
+                self.m.append_rows(keys, k, KV_HEADS), r0 + n, KV_HEADS * HEAD_DIM, SHARDED
+            )
+            vals = self.res(
+                self.m.append_rows(vals, v, KV_HEADS), r0 + n, KV_HEADS * HEAD_DIM, SHARDED
+            )
         return keys, vals
 
     def kinds(self, only):
@@ -285,14 +341,21 @@ class Capture(Bench):
             keys, vals = self.prefix(PREFIX)
             self.attention(w, h, T, (keys, vals), self.positions(PREFIX, T))
             slot = self.res(self.m.copy(keys[0], keys[1]), PREFIX, KV_HEADS * HEAD_DIM, SHARDED)
-            self.op("append_rows K onto a prefix-slot copy", self.m.append_rows, slot,
-                    self.act(T, KV_HEADS * HEAD_DIM, SHARDED), KV_HEADS)
+            self.op(
+                "append_rows K onto a prefix-slot copy",
+                self.m.append_rows,
+                slot,
+                self.act(T, KV_HEADS * HEAD_DIM, SHARDED),
+                KV_HEADS,
+            )
+
         run("attention15360", cached)
         run("deltanet0", lambda: self.delta(w, h, T, None))
 
         def with_state():
             carry = self.act(KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED)
             self.delta(w, h, T, (carry, self.f32_state()))
+
         run("deltanet_state", with_state)
         run("mlp", lambda: self.mlp(w, h, T))
 
@@ -305,6 +368,7 @@ class Capture(Bench):
             carry = self.act(KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED)
             self.delta_layer(w, h, T, (carry, self.f32_state()))
             self.mlp_layer(w, h, T)
+
         run("layer_ops", layer_ops)
 
         def vision():
@@ -312,6 +376,7 @@ class Capture(Bench):
             x = self.act(PATCHES, V_HIDDEN)
             cos, sin = self.act(PATCHES, V_DIM), self.act(PATCHES, V_DIM)
             self.vision_block(vw, x, PATCHES, cos, sin)
+
         run("vision", vision)
         return out
 
@@ -319,14 +384,24 @@ class Capture(Bench):
 # -- the report -----------------------------------------------------------------------------------
 TITLES = {
     "attention0": ("Gated attention layer, 1,024 tokens from position 0", "attention", 0),
-    "attention15360": ("Gated attention layer, 1,024 tokens after a cached prefix of 15,360 "
-                       "(16,384 keys)", "attention", PREFIX),
+    "attention15360": (
+        "Gated attention layer, 1,024 tokens after a cached prefix of 15,360 (16,384 keys)",
+        "attention",
+        PREFIX,
+    ),
     "deltanet0": ("Gated DeltaNet layer, 1,024 tokens from a zero state", "deltanet", 0),
-    "deltanet_state": ("Gated DeltaNet layer, 1,024 tokens from a nonzero f32 state and conv "
-                       "carry", "deltanet", PREFIX),
+    "deltanet_state": (
+        "Gated DeltaNet layer, 1,024 tokens from a nonzero f32 state and conv carry",
+        "deltanet",
+        PREFIX,
+    ),
     "mlp": ("MLP, 1,024 tokens", "mlp", 0),
-    "layer_ops": ("Layer ops, 1,024 tokens: attention from 0 and after 15,360 cached rows, "
-                  "DeltaNet from a zero and a nonzero state, MLP", "attention", 0),
+    "layer_ops": (
+        "Layer ops, 1,024 tokens: attention from 0 and after 15,360 cached rows, "
+        "DeltaNet from a zero and a nonzero state, MLP",
+        "attention",
+        0,
+    ),
     "vision": ("Vision block (Clef 27B tower), 1,024 patches", "vision", 0),
 }
 
@@ -364,9 +439,10 @@ def devop_text(devops):
         groups[key] = (n + 1, max(best, (size, count)))
     if not groups:
         return "(none: views / host)"
-    return "<br>".join("%s%s: %s [%d CB, %s]" % (n, " ×%d" % c if c > 1 else "", f, cbs[1],
-                                                 kib(cbs[0]))
-                       for (n, f), (c, cbs) in groups.items())
+    return "<br>".join(
+        "%s%s: %s [%d CB, %s]" % (n, " ×%d" % c if c > 1 else "", f, cbs[1], kib(cbs[0]))
+        for (n, f), (c, cbs) in groups.items()
+    )
 
 
 def plan_cells(label, kind, plan, seen):
@@ -394,25 +470,51 @@ def matmul_rows(m, rows, kind):
         out_tile = tile_bytes(F32 if mx.placement == SHARDED else BF16)
         in1 = tile_bytes(mw.dtype)
         # As text_ops.linear asks: bf16 activations, the weight's tiles, f32 partial sums.
-        b = programs.matmul_blocks(mx.rows, mw.rows, mw.cols, m.grid, in0_tile=2048,
-                                   in1_tile=in1, out_tile=out_tile)
+        b = programs.matmul_blocks(
+            mx.rows, mw.rows, mw.cols, m.grid, in0_tile=2048, in1_tile=in1, out_tile=out_tile
+        )
         if b["in0_block_w"] is None:
-            asked = "none (ttnn chooses): its 2-D blocking (%dx%d cores, per core %dx%d tiles) " \
-                    "needs ~%s of CBs at in0_block_w 1, over the %s budget" % (
-                        b["cols"], b["rows"], b["per_core_m"], b["per_core_n"],
-                        kib(b["cb_bytes"]), kib(programs.MATMUL_CB_BUDGET))
+            asked = (
+                "none (ttnn chooses): its 2-D blocking (%dx%d cores, per core %dx%d tiles) "
+                "needs ~%s of CBs at in0_block_w 1, over the %s budget"
+                % (
+                    b["cols"],
+                    b["rows"],
+                    b["per_core_m"],
+                    b["per_core_n"],
+                    kib(b["cb_bytes"]),
+                    kib(programs.MATMUL_CB_BUDGET),
+                )
+            )
         else:
             asked = "2-D %dx%d cores, per core %dx%d tiles, in0_block_w %d (~%s CBs)" % (
-                b["cols"], b["rows"], b["per_core_m"], b["per_core_n"], b["in0_block_w"],
-                kib(b["cb_bytes"]))
+                b["cols"],
+                b["rows"],
+                b["per_core_m"],
+                b["per_core_n"],
+                b["in0_block_w"],
+                kib(b["cb_bytes"]),
+            )
         mm = [d for d in r["devops"] if d["name"].startswith("Matmul")]
         factory = ", ".join(d["factory"] for d in mm) or ("REFUSED" if not r["accepted"] else "-")
         cbs = busiest(mm[0])[2] if mm else []
-        out.append((md(r["label"]), "%d×%d · %d×%d %s" % (mx.rows, mx.cols, mw.rows, mw.cols,
-                                                       {F32: "f32", BF16: "bf16"}.get(
-                                                           mw.dtype, "bfp8_b")),
-                    asked, factory, "%s: %s" % (kib(sum(cbs)), " + ".join(kib(c) for c in cbs))
-                    if cbs else "-", factory.startswith(TWO_D)))
+        out.append(
+            (
+                md(r["label"]),
+                "%d×%d · %d×%d %s"
+                % (
+                    mx.rows,
+                    mx.cols,
+                    mw.rows,
+                    mw.cols,
+                    {F32: "f32", BF16: "bf16"}.get(mw.dtype, "bfp8_b"),
+                ),
+                asked,
+                factory,
+                "%s: %s" % (kib(sum(cbs)), " + ".join(kib(c) for c in cbs)) if cbs else "-",
+                factory.startswith(TWO_D),
+            )
+        )
     return out
 
 
@@ -423,39 +525,55 @@ def render(results, plans, mesh, l1_total):
         title, kind, start = TITLES[key]
         plan = plans.get(start)
         lines.append("### %s\n" % title)
-        lines.append("| ABI op | ttnn device ops: program factory [CBs, bytes per core] "
-                     "| peak L1 per core | accepted | plan op | plan GFLOP | plan ms at 190 "
-                     "TFLOP/s |")
+        lines.append(
+            "| ABI op | ttnn device ops: program factory [CBs, bytes per core] "
+            "| peak L1 per core | accepted | plan op | plan GFLOP | plan ms at 190 "
+            "TFLOP/s |"
+        )
         lines.append("|---|---|---|---|---|---|---|")
         seen = set()
         for r in rows:
             name, gf, ms = plan_cells(r["label"], kind, plan, seen)
             if not r["accepted"]:
                 refused.append((title, r["label"], r["error"]))
-                lines.append("| %s | — | — | **no**: %s | %s | %s | %s |"
-                             % (md(r["label"]), md(r["error"]), md(name), gf, ms))
-                lines.append("| (the layer stops here: the ops after it were not run) "
-                             "| | | | | | |")
+                lines.append(
+                    "| %s | — | — | **no**: %s | %s | %s | %s |"
+                    % (md(r["label"]), md(r["error"]), md(name), gf, ms)
+                )
+                lines.append(
+                    "| (the layer stops here: the ops after it were not run) | | | | | | |"
+                )
                 continue
             u = r["usage"]
             peak = kib(u.peak_total) + (" (L1 buffers %s)" % kib(u.peak_l1) if u.peak_l1 else "")
             acc = "yes" if "capture_error" not in r else "yes (capture: %s)" % r["capture_error"]
-            lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-                md(r["label"]), devop_text(r["devops"]), peak, md(acc), md(name), gf, ms))
-        lines.append("\n%d ABI ops, %d ttnn device ops; %.1f s (run + capture)\n"
-                     % (len(rows), sum(len(r["devops"]) for r in rows), secs))
-    lines.append("### Matmuls: the program config programs.py asked for and the factory ttnn "
-                 "used\n")
-    lines.append("| layer | ABI op | x · W (per device) | programs.py config | ttnn factory | "
-                 "CBs per core | 2-D multicast |")
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %s |"
+                % (md(r["label"]), devop_text(r["devops"]), peak, md(acc), md(name), gf, ms)
+            )
+        lines.append(
+            "\n%d ABI ops, %d ttnn device ops; %.1f s (run + capture)\n"
+            % (len(rows), sum(len(r["devops"]) for r in rows), secs)
+        )
+    lines.append(
+        "### Matmuls: the program config programs.py asked for and the factory ttnn used\n"
+    )
+    lines.append(
+        "| layer | ABI op | x · W (per device) | programs.py config | ttnn factory | "
+        "CBs per core | 2-D multicast |"
+    )
     lines.append("|---|---|---|---|---|---|---|")
     for key, (rows, _) in results.items():
         for label, shape, asked, factory, cbs, two_d in matmul_rows(mesh, rows, key):
-            lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-                key, label, shape, asked, factory, cbs, "yes" if two_d else "**no**"))
-    lines.append("\nBlackhole L1: 1536 KiB per core; ttnn refuses a program whose CBs grow "
-                 "past it (\"Statically allocated ... buffers ... beyond max L1 size\"); the "
-                 "allocator's L1 buffer region is %s per core.\n" % kib(l1_total))
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %s |"
+                % (key, label, shape, asked, factory, cbs, "yes" if two_d else "**no**")
+            )
+    lines.append(
+        "\nBlackhole L1: 1536 KiB per core; ttnn refuses a program whose CBs grow "
+        'past it ("Statically allocated ... buffers ... beyond max L1 size"); the '
+        "allocator's L1 buffer region is %s per core.\n" % kib(l1_total)
+    )
     return "\n".join(lines), refused
 
 

@@ -21,6 +21,7 @@ Run (needs torch in the kit's venv; from a scratch folder, ttnn writes `generate
     source /tmp/ttmock/env.sh
     cd "$(mktemp -d)" && $CLEF_TT_PYTHON /path/to/ffi/shim/ttnn/tests/test_layer_ops_mock.py
 """
+
 import os
 import sys
 
@@ -37,8 +38,9 @@ FAILED = []
 
 def check(name, err, tol):
     ok = err <= tol
-    print("%-48s max |diff| / max |ref| %.2e (tol %.0e) %s" % (name, err, tol,
-                                                              "ok" if ok else "FAIL"))
+    print(
+        "%-48s max |diff| / max |ref| %.2e (tol %.0e) %s" % (name, err, tol, "ok" if ok else "FAIL")
+    )
     if not ok:
         FAILED.append(name)
 
@@ -86,11 +88,15 @@ def main():
     def chunk():
         x, states = h, []
         for i in range(8):
-            x, st = (b.attention_layer(w, x, 128, None, b.positions(0, 128)) if i % 4 == 3
-                     else b.delta_layer(w, x, 128, None))
+            x, st = (
+                b.attention_layer(w, x, 128, None, b.positions(0, 128))
+                if i % 4 == 3
+                else b.delta_layer(w, x, 128, None)
+            )
             states.append(st)
             x = b.mlp_layer(w, x, 128)
         return x, states
+
     chunk()
     captured = []
     for _ in range(2):
@@ -101,9 +107,16 @@ def main():
     first, second = captured
     same = first["allocations"] == second["allocations"] and len(first["allocations"]) > 0
     writes = first["host_writes"] + second["host_writes"]
-    print("%-48s %d buffers, %s addresses, %d host writes %s"
-          % ("two identical chunks", len(first["allocations"]), "the same" if same else "other",
-             writes, "ok" if same and writes == 0 else "FAIL"))
+    print(
+        "%-48s %d buffers, %s addresses, %d host writes %s"
+        % (
+            "two identical chunks",
+            len(first["allocations"]),
+            "the same" if same else "other",
+            writes,
+            "ok" if same and writes == 0 else "FAIL",
+        )
+    )
     if not same or writes:
         FAILED.append("two identical chunks")
 
@@ -112,17 +125,47 @@ def main():
     narrow = b.matrix(B.HIDDEN, 2 * 48, B.BFP8_B)
     refusals = {
         "attention, rotary 8": lambda: m.layer_op(
-            "attention", [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], None, None],
-            dict(heads=B.HEADS, kv_heads=B.KV_HEADS, head_dim=B.HEAD_DIM, eps=B.EPS, reduce=1,
-                 config=B.CFG), (64, 4, bytes(64 * 4 * 4), bytes(64 * 4 * 4))),
+            "attention",
+            [h, w["norm"], w["qkv"], w["qn"], w["kn"], w["o"], None, None],
+            dict(
+                heads=B.HEADS,
+                kv_heads=B.KV_HEADS,
+                head_dim=B.HEAD_DIM,
+                eps=B.EPS,
+                reduce=1,
+                config=B.CFG,
+            ),
+            (64, 4, bytes(64 * 4 * 4), bytes(64 * 4 * 4)),
+        ),
         "deltanet, key dim 100": lambda: m.layer_op(
-            "delta_net", [h, w["norm"], w["in"], w["conv"], w["alog"], w["dt"], w["gnorm"],
-                          w["out"], None, None],
-            dict(key_heads=B.NK, value_heads=B.NV, key_dim=100, value_dim=100, conv_kernel=4,
-                 eps=B.EPS, reduce=1, config=B.CFG), None),
+            "delta_net",
+            [
+                h,
+                w["norm"],
+                w["in"],
+                w["conv"],
+                w["alog"],
+                w["dt"],
+                w["gnorm"],
+                w["out"],
+                None,
+                None,
+            ],
+            dict(
+                key_heads=B.NK,
+                value_heads=B.NV,
+                key_dim=100,
+                value_dim=100,
+                conv_kernel=4,
+                eps=B.EPS,
+                reduce=1,
+                config=B.CFG,
+            ),
+            None,
+        ),
         "mlp, gate|up off tiles": lambda: m.layer_op(
-            "mlp", [h, w["norm"], narrow, w["down"]],
-            dict(eps=B.EPS, reduce=1, config=B.CFG), None),
+            "mlp", [h, w["norm"], narrow, w["down"]], dict(eps=B.EPS, reduce=1, config=B.CFG), None
+        ),
         "an unknown layer op": lambda: m.layer_op("moe", [h], {}, None),
     }
     for name, call in refusals.items():
@@ -134,9 +177,15 @@ def main():
             refused = True
         calls = m.tt.total_calls()
         ok = refused and calls == 0
-        print("%-48s %s after %d ttnn calls %s" % ("refused: " + name,
-                                                   "NotImplementedError" if refused else "ran",
-                                                   calls, "ok" if ok else "FAIL"))
+        print(
+            "%-48s %s after %d ttnn calls %s"
+            % (
+                "refused: " + name,
+                "NotImplementedError" if refused else "ran",
+                calls,
+                "ok" if ok else "FAIL",
+            )
+        )
         if not ok:
             FAILED.append(name)
     m.close()

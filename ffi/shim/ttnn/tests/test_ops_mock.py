@@ -21,6 +21,7 @@ shape ttnn refuses raises ttnn's TT_FATAL text. Device data are not backed in mo
 give zeros), so values are not checked here. Prints the host time of each ABI op (cached
 programs) and its ttnn calls.
 """
+
 import os
 import subprocess
 import sys
@@ -33,11 +34,28 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import clef_tt_ttnn as ct  # noqa: E402
 from clef_tt_ttnn import Meta  # noqa: E402
-from clef_tt_ttnn.meta import (ACTIVATION, MATRIX, VECTOR, REPLICATED, SHARDED,  # noqa: E402
-                               PARTIAL, F32, BF16, BFP8_B, BFP4_B, TILE, ROW_MAJOR, HIFI2,
-                               EXACT, LOFI, GELU_TANH, GELU_ERF, stored_bytes)
-from clef_tt_ttnn.transfers import host_matrix, host_bytes, tt_dtype  # noqa: E402
 from clef_tt_ttnn.kv_cache import KV, SparePools  # noqa: E402
+from clef_tt_ttnn.meta import (
+    ACTIVATION,
+    BF16,
+    BFP4_B,
+    BFP8_B,
+    EXACT,
+    F32,
+    GELU_ERF,
+    GELU_TANH,
+    HIFI2,
+    LOFI,
+    MATRIX,
+    PARTIAL,
+    REPLICATED,
+    ROW_MAJOR,
+    SHARDED,  # noqa: E402
+    TILE,
+    VECTOR,
+    stored_bytes,
+)
+from clef_tt_ttnn.transfers import host_bytes, host_matrix, tt_dtype  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -61,6 +79,7 @@ class Suite:
     def version_check():
         """Backend() refuses another ttnn version, naming it and the pip command."""
         import ttnn
+
         had = hasattr(ttnn, "__version__")
         old = getattr(ttnn, "__version__", None)
         ttnn.__version__ = "0.80.0"
@@ -88,14 +107,21 @@ class Suite:
         n = self.mesh.n
         meta = Meta(rows, cols, n, F32, ROW_MAJOR, VECTOR, placement)
         k = 1 if placement == REPLICATED else n
-        parts = [(values if values is not None else
-                  RNG.standard_normal((rows, cols))).astype(np.float32).tobytes() for _ in range(k)]
+        parts = [
+            (values if values is not None else RNG.standard_normal((rows, cols)))
+            .astype(np.float32)
+            .tobytes()
+            for _ in range(k)
+        ]
         return meta, self.mesh.upload(meta, parts)
 
     def packed(self, rows, cols, dtype):
         """Tile bytes as ttnn's own host conversion writes them (what clef's packer matches)."""
-        t = self.ttnn.Tensor(RNG.standard_normal((1, 1, rows, cols)).astype(np.float32),
-                             data_type=tt_dtype(self.ttnn, dtype), layout=self.ttnn.TILE_LAYOUT)
+        t = self.ttnn.Tensor(
+            RNG.standard_normal((1, 1, rows, cols)).astype(np.float32),
+            data_type=tt_dtype(self.ttnn, dtype),
+            layout=self.ttnn.TILE_LAYOUT,
+        )
         return host_bytes(t)
 
     def matrix(self, rows, cols, dtype, placement=SHARDED):
@@ -108,15 +134,19 @@ class Suite:
     def expect(self, pair, rows, cols, placement, dtype=None, what="", layout=None):
         """Check a result against the Meta the core computed: per-device shape, dtype."""
         meta, obj = pair
-        check(meta.rows == rows and meta.cols == cols and meta.placement == placement,
-              "%s: meta %s" % (what, meta))
+        check(
+            meta.rows == rows and meta.cols == cols and meta.placement == placement,
+            "%s: meta %s" % (what, meta),
+        )
         self.mesh.check(meta, obj)  # what the bridge's Storage::bind runs
         if isinstance(obj, KV):
             check(obj.rows == rows and obj.pool.heads * obj.pool.d == cols, "%s: KV rows" % what)
             return
         shape = tuple(int(d) for d in obj.t.shape)
-        check(shape == (1, 1, rows, cols), "%s: device shape %s, expected [1, 1, %d, %d]"
-              % (what, shape, rows, cols))
+        check(
+            shape == (1, 1, rows, cols),
+            "%s: device shape %s, expected [1, 1, %d, %d]" % (what, shape, rows, cols),
+        )
         want = dtype if dtype is not None else self.mesh.act_dtype
         check(obj.t.dtype == want, "%s: dtype %s, expected %s" % (what, obj.t.dtype, want))
         want_layout = layout if layout is not None else self.ttnn.TILE_LAYOUT
@@ -146,15 +176,30 @@ class Suite:
         b = self.backend
         check(b.hardware() == "mock", "hardware() %s" % b.hardware())
         check(b.visible_devices() >= self.cols, "visible devices %d" % b.visible_devices())
-        config = dict(cols=self.cols, parent_cols=0, submesh_offset=0, num_command_queues=2,
-                      l1_small_size=24576, trace_region_size=0, activation_dtype=self.act_dtype)
+        config = dict(
+            cols=self.cols,
+            parent_cols=0,
+            submesh_offset=0,
+            num_command_queues=2,
+            l1_small_size=24576,
+            trace_region_size=0,
+            activation_dtype=self.act_dtype,
+        )
         self.mesh = b.open(config)
         m = self.mesh
         print("allocator at open:", m.allocator_bytes())
         info = b.describe()
         print("describe:", info, m.describe())
-        check(info == {"backend": "ttnn", "hardware": "mock", "runtime": "ttnn 0.81.1",
-                       "devices": b.visible_devices()}, "describe %s" % info)
+        check(
+            info
+            == {
+                "backend": "ttnn",
+                "hardware": "mock",
+                "runtime": "ttnn 0.81.1",
+                "devices": b.visible_devices(),
+            },
+            "describe %s" % info,
+        )
         check(m.describe()["compute_grid"] == [11, 10], "mesh describe")
         check(m.device_ids() == list(range(self.cols)), "device ids %s" % m.device_ids())
         check(m.memory() == [0] * m.n, "memory at open %s" % m.memory())
@@ -166,9 +211,11 @@ class Suite:
             self.ops()
             check(m.memory() == [0] * m.n, "memory after freeing: %s" % m.memory())
             alloc = m.allocator_bytes()
-            print("after op round %d: memory() %s, allocator %s per device, of which this mesh's "
-                  "internal tensors %d, ttnn's own the rest"
-                  % (round_ + 1, m.memory(), alloc, m.internal_bytes()))
+            print(
+                "after op round %d: memory() %s, allocator %s per device, of which this mesh's "
+                "internal tensors %d, ttnn's own the rest"
+                % (round_ + 1, m.memory(), alloc, m.internal_bytes())
+            )
             if round_ == 1:
                 first = alloc
             elif first is not None:
@@ -190,8 +237,9 @@ class Suite:
         check(sub.n == 1 and sub.device_ids() == [1], "submesh ids %s" % sub.device_ids())
         x = self.act(37, 96)
         w = self.matrix(96, 48, BFP8_B, REPLICATED)[:2]
-        y = sub.linear(x, w, dict(fidelity=HIFI2, fp32_dest_acc=1, bf16_activations=1,
-                                  packer_l1_acc=0))
+        y = sub.linear(
+            x, w, dict(fidelity=HIFI2, fp32_dest_acc=1, bf16_activations=1, packer_l1_acc=0)
+        )
         check(tuple(y.t.shape) == (1, 1, 37, 48), "submesh linear")
         for pair in (x, w, (None, y)):
             sub.free(*pair)
@@ -206,15 +254,21 @@ class Suite:
         for dtype in (F32, BF16, BFP8_B, BFP4_B):
             for rows, cols in ((37, 48), (96, 100), (64, 64)):
                 data = self.packed(rows, cols, dtype)
-                check(len(data) == stored_bytes(Meta(rows, cols, 1, dtype, TILE, MATRIX, 0)),
-                      "packed size")
+                check(
+                    len(data) == stored_bytes(Meta(rows, cols, 1, dtype, TILE, MATRIX, 0)),
+                    "packed size",
+                )
                 t = host_matrix(ttnn, rows, cols, dtype, data)
                 check(host_bytes(t) == data, "host bytes differ for %s %dx%d" % (dtype, rows, cols))
-                check(tuple(t.shape) == (1, 1, rows, cols) and t.dtype == tt_dtype(ttnn, dtype),
-                      "host spec")
+                check(
+                    tuple(t.shape) == (1, 1, rows, cols) and t.dtype == tt_dtype(ttnn, dtype),
+                    "host spec",
+                )
                 junk = RNG.integers(0, 256, len(data), dtype=np.uint8).tobytes()
-                check(host_bytes(host_matrix(ttnn, rows, cols, dtype, junk)) == junk,
-                      "arbitrary bytes kept")
+                check(
+                    host_bytes(host_matrix(ttnn, rows, cols, dtype, junk)) == junk,
+                    "arbitrary bytes kept",
+                )
         # Every role and dtype to the device, sharded and replicated.
         held = []
         for dtype in (F32, BF16, BFP8_B, BFP4_B):
@@ -222,11 +276,15 @@ class Suite:
                 before = m.allocator_bytes()["DRAM"]
                 meta, obj, parts = self.matrix(37, 100, dtype, placement)
                 grew = m.allocator_bytes()["DRAM"] - before
-                check(grew * m.n == m.device_bytes(meta, obj),
-                      "allocator grew %d per device, device_bytes %d" % (grew,
-                                                                        m.device_bytes(meta, obj)))
-                check(obj.t.dtype == tt_dtype(ttnn, dtype)
-                      and tuple(obj.t.shape) == (1, 1, 37, 100), "matrix on device")
+                check(
+                    grew * m.n == m.device_bytes(meta, obj),
+                    "allocator grew %d per device, device_bytes %d"
+                    % (grew, m.device_bytes(meta, obj)),
+                )
+                check(
+                    obj.t.dtype == tt_dtype(ttnn, dtype) and tuple(obj.t.shape) == (1, 1, 37, 100),
+                    "matrix on device",
+                )
                 check(m.device_bytes(meta, obj) > 0, "device bytes")
                 for d in range(m.n):
                     stored = m.read_stored(meta, obj, d)
@@ -265,8 +323,11 @@ class Suite:
         x = k(self.act(37, 96))
         wcol = self.matrix(96, 160, BFP8_B)[:2]
         for bf16_act in (0, 1):
-            y0 = m.linear(x, wcol, dict(fidelity=HIFI2, fp32_dest_acc=1,
-                                        bf16_activations=bf16_act, packer_l1_acc=1))
+            y0 = m.linear(
+                x,
+                wcol,
+                dict(fidelity=HIFI2, fp32_dest_acc=1, bf16_activations=bf16_act, packer_l1_acc=1),
+            )
             m.free(None, y0)
         cfg = dict(fidelity=HIFI2, fp32_dest_acc=1, bf16_activations=1, packer_l1_acc=1)
         y = k(self.res(self.op("linear", m.linear, x, wcol, cfg), 37, 160, split))
@@ -274,8 +335,9 @@ class Suite:
         xs = k(self.act(100, 80, SHARDED if n > 1 else REPLICATED))
         wrow = self.matrix(80, 96, BF16)[:2]
         for fid in (EXACT, LOFI):
-            part = m.linear(xs, wrow, dict(fidelity=fid, fp32_dest_acc=0, bf16_activations=0,
-                                           packer_l1_acc=0))
+            part = m.linear(
+                xs, wrow, dict(fidelity=fid, fp32_dest_acc=0, bf16_activations=0, packer_l1_acc=0)
+            )
             m.free(None, part)
         p_place = PARTIAL if n > 1 else REPLICATED
         p = k(self.res(self.op("linear", m.linear, xs, wrow, cfg), 100, 96, p_place))
@@ -292,28 +354,48 @@ class Suite:
         for w, obj in zip((48, 80, 32), parts):
             self.expect(k(self.res(obj, 37, w, split)), 37, w, split, what="split_cols")
         x2 = k(self.act(37, 96))
-        self.expect(k(self.res(self.op("add", m.add, x, x2), 37, 96, REPLICATED)), 37, 96,
-                    REPLICATED, what="add")
+        self.expect(
+            k(self.res(self.op("add", m.add, x, x2), 37, 96, REPLICATED)),
+            37,
+            96,
+            REPLICATED,
+            what="add",
+        )
         for group in (96, 48, 24):
             w = k(self.vec(group, 1))
             out = self.op("rms_norm", m.rms_norm, x, w, group, 1e-6, 1)
-            self.expect(k(self.res(out, 37, 96, REPLICATED)), 37, 96, REPLICATED,
-                        what="rms_norm %d" % group)
-        self.expect(k(self.res(self.op("swiglu", m.swiglu, y), 37, 80, split)), 37, 80, split,
-                    what="swiglu")
+            self.expect(
+                k(self.res(out, 37, 96, REPLICATED)), 37, 96, REPLICATED, what="rms_norm %d" % group
+            )
+        self.expect(
+            k(self.res(self.op("swiglu", m.swiglu, y), 37, 80, split)), 37, 80, split, what="swiglu"
+        )
         q, g = self.op("split_query_gate", m.split_query_gate, x, 2, 24)
         q, g = k(self.res(q, 37, 48, REPLICATED)), k(self.res(g, 37, 48, REPLICATED))
         self.expect(q, 37, 48, REPLICATED, what="query")
         self.expect(g, 37, 48, REPLICATED, what="gate")
-        self.expect(k(self.res(self.op("mul_sigmoid", m.mul_sigmoid, q, g), 37, 48, REPLICATED)),
-                    37, 48, REPLICATED, what="mul_sigmoid")
+        self.expect(
+            k(self.res(self.op("mul_sigmoid", m.mul_sigmoid, q, g), 37, 48, REPLICATED)),
+            37,
+            48,
+            REPLICATED,
+            what="mul_sigmoid",
+        )
         for rows, heads, hd, half in ((37, 2, 24, 8), (100, 2, 64, 16), (37, 3, 96, 32)):
             xr = k(self.act(rows, heads * hd))
             ang = RNG.standard_normal((rows, half)).astype(np.float32)
             tables = (rows, half, np.cos(ang).tobytes(), np.sin(ang).tobytes())
-            self.expect(k(self.res(self.op("rope", m.rope, xr, tables, heads, hd), rows,
-                                   heads * hd, REPLICATED)), rows, heads * hd, REPLICATED,
-                        what="rope")
+            self.expect(
+                k(
+                    self.res(
+                        self.op("rope", m.rope, xr, tables, heads, hd), rows, heads * hd, REPLICATED
+                    )
+                ),
+                rows,
+                heads * hd,
+                REPLICATED,
+                what="rope",
+            )
         self.attention(k)
         self.delta(k, split)
         self.vision(k)
@@ -324,39 +406,58 @@ class Suite:
     def attention(self, k):
         m = self.mesh
         cases = ((37, 37, 2, 1, 24), (100, 64, 4, 2, 64), (64, 128, 2, 2, 32))
-        for (t1, t2, heads, kvh, d) in cases:
+        for t1, t2, heads, kvh, d in cases:
             k1, v1 = k(self.act(t1, kvh * d)), k(self.act(t1, kvh * d))
-            keys = k(self.res(self.op("append_rows", m.append_rows, None, k1, kvh), t1, kvh * d,
-                              REPLICATED))
+            keys = k(
+                self.res(
+                    self.op("append_rows", m.append_rows, None, k1, kvh), t1, kvh * d, REPLICATED
+                )
+            )
             vals = k(self.res(m.append_rows(None, v1, kvh), t1, kvh * d, REPLICATED))
             q1 = k(self.act(t1, heads * d))
             o = self.op("causal_attention", m.causal_attention, q1, keys, vals, heads, kvh, d)
-            self.expect(k(self.res(o, t1, heads * d, REPLICATED)), t1, heads * d, REPLICATED,
-                        what="attention first chunk")
+            self.expect(
+                k(self.res(o, t1, heads * d, REPLICATED)),
+                t1,
+                heads * d,
+                REPLICATED,
+                what="attention first chunk",
+            )
             k2, v2 = k(self.act(t2, kvh * d)), k(self.act(t2, kvh * d))
             keys2 = k(self.res(m.append_rows(keys, k2, kvh), t1 + t2, kvh * d, REPLICATED))
             vals2 = k(self.res(m.append_rows(vals, v2, kvh), t1 + t2, kvh * d, REPLICATED))
             pool = keys[1].pool
-            check(keys2[1].pool is pool and keys2[1].blocks[:t1 // 64] == keys[1].blocks[:t1 // 64],
-                  "an append shares the old handle's whole blocks")
+            check(
+                keys2[1].pool is pool and keys2[1].blocks[: t1 // 64] == keys[1].blocks[: t1 // 64],
+                "an append shares the old handle's whole blocks",
+            )
             q2 = k(self.act(t2, heads * d))
             o2 = m.causal_attention(q2, keys2, vals2, heads, kvh, d)
-            self.expect(k(self.res(o2, t2, heads * d, REPLICATED)), t2, heads * d, REPLICATED,
-                        what="attention at start %d" % t1)
+            self.expect(
+                k(self.res(o2, t2, heads * d, REPLICATED)),
+                t2,
+                heads * d,
+                REPLICATED,
+                what="attention at start %d" % t1,
+            )
             # A second append to the old handle (a prefix-cache slot): the same pool, its own
             # copy of the partial block only; the old handle stays valid.
             k3 = k(self.act(5, kvh * d))
             keys3 = k(self.res(m.append_rows(keys, k3, kvh), t1 + 5, kvh * d, REPLICATED))
             check(keys3[1].pool is pool, "an append to a non-tail handle copies no pool")
             if t1 % 64:
-                check(keys3[1].blocks[-1] not in keys2[1].blocks,
-                      "the shared partial block is copied on write")
+                check(
+                    keys3[1].blocks[-1] not in keys2[1].blocks,
+                    "the shared partial block is copied on write",
+                )
             keys4 = k(self.res(m.append_rows(keys2, k3, kvh), t1 + t2 + 5, kvh * d, REPLICATED))
             check(keys4[1].pool is pool, "an append to the tail owner stays in the pool")
             check(keys[1].rows == t1 and keys2[1].rows == t1 + t2, "old handles unchanged")
             slot = k(self.res(self.op("copy", m.copy, keys[0], keys[1]), t1, kvh * d, REPLICATED))
-            check(slot[1].pool is pool and slot[1].blocks == keys[1].blocks,
-                  "a slot shares its blocks")
+            check(
+                slot[1].pool is pool and slot[1].blocks == keys[1].blocks,
+                "a slot shares its blocks",
+            )
             # Prefix-cache hits: each appends its own tail to the slot and is released after;
             # the pool neither grows nor copies, and the mesh's memory stays flat.
             flat = None
@@ -381,16 +482,26 @@ class Suite:
         self.expect(k(self.res(out, 37, 96, split)), 37, 96, split, what="conv out")
         # ttnn's native conv (bf16) leaves its carry ROW_MAJOR bf16, the FIR a TILE one.
         native = m.native_conv(37, 96, 4)
-        self.expect(k(self.res(carry, 3, 96, split)), 3, 96, split,
-                    self.ttnn.bfloat16 if native else None, "conv carry",
-                    self.ttnn.ROW_MAJOR_LAYOUT if native else None)
+        self.expect(
+            k(self.res(carry, 3, 96, split)),
+            3,
+            96,
+            split,
+            self.ttnn.bfloat16 if native else None,
+            "conv carry",
+            self.ttnn.ROW_MAJOR_LAYOUT if native else None,
+        )
         x2 = k(self.act(2, 96))
         out2, carry2 = m.causal_conv1d_silu(x2, taps, self.res(carry, 3, 96, split), 4)
         self.expect(k(self.res(out2, 2, 96, split)), 2, 96, split, what="conv 2 rows")
         self.expect(k(self.res(carry2, 3, 96, split)), 3, 96, split, what="conv carry 2")
         f32 = self.ttnn.float32
-        for (t, nk, nv, dk, dv) in ((37, 1, 2, 32, 32), (100, 1, 2, 32, 48), (300, 2, 4, 64, 64),
-                                     (37, 1, 2, 24, 24)):
+        for t, nk, nv, dk, dv in (
+            (37, 1, 2, 32, 32),
+            (100, 1, 2, 32, 48),
+            (300, 2, 4, 64, 64),
+            (37, 1, 2, 24, 24),
+        ):
             a, bb = k(self.act(t, nv)), k(self.act(t, nv))
             a_log, dt_bias = k(self.vec(nv, 1)), k(self.vec(nv, 1))
             g, beta = self.op("delta_gates", m.delta_gates, a, bb, a_log, dt_bias)
@@ -408,33 +519,77 @@ class Suite:
             self.expect(k(self.res(s2, nv * dk, dv, split)), nv * dk, dv, split, f32, "state 2")
         xz, z = k(self.act(37, 64)), k(self.act(37, 64))
         w = k(self.vec(32, 1))
-        self.expect(k(self.res(self.op("gated_rms_norm", m.gated_rms_norm, xz, z, w, 32, 1e-6),
-                               37, 64, REPLICATED)), 37, 64, REPLICATED, what="gated_rms_norm")
+        self.expect(
+            k(
+                self.res(
+                    self.op("gated_rms_norm", m.gated_rms_norm, xz, z, w, 32, 1e-6),
+                    37,
+                    64,
+                    REPLICATED,
+                )
+            ),
+            37,
+            64,
+            REPLICATED,
+            what="gated_rms_norm",
+        )
 
     def vision(self, k):
         m = self.mesh
         x = k(self.act(100, 80))
         w, bvec = k(self.vec(80, 1)), k(self.vec(80, 1))
-        self.expect(k(self.res(self.op("layer_norm", m.layer_norm, x, w, bvec, 1e-6), 100, 80,
-                               REPLICATED)), 100, 80, REPLICATED, what="layer_norm")
-        self.expect(k(self.res(self.op("add_bias", m.add_bias, x, bvec), 100, 80, REPLICATED)),
-                    100, 80, REPLICATED, what="add_bias")
+        self.expect(
+            k(self.res(self.op("layer_norm", m.layer_norm, x, w, bvec, 1e-6), 100, 80, REPLICATED)),
+            100,
+            80,
+            REPLICATED,
+            what="layer_norm",
+        )
+        self.expect(
+            k(self.res(self.op("add_bias", m.add_bias, x, bvec), 100, 80, REPLICATED)),
+            100,
+            80,
+            REPLICATED,
+            what="add_bias",
+        )
         for kind in (GELU_TANH, GELU_ERF):
-            self.expect(k(self.res(self.op("gelu", m.gelu, x, kind), 100, 80, REPLICATED)),
-                        100, 80, REPLICATED, what="gelu")
+            self.expect(
+                k(self.res(self.op("gelu", m.gelu, x, kind), 100, 80, REPLICATED)),
+                100,
+                80,
+                REPLICATED,
+                what="gelu",
+            )
         for heads, hd in ((2, 40), (2, 64)):
             xr = k(self.act(100, heads * hd))
             cos, sin = k(self.act(100, hd)), k(self.act(100, hd))
-            self.expect(k(self.res(self.op("rotary", m.rotary, xr, cos, sin, heads, hd), 100,
-                                   heads * hd, REPLICATED)), 100, heads * hd, REPLICATED,
-                        what="rotary")
+            self.expect(
+                k(
+                    self.res(
+                        self.op("rotary", m.rotary, xr, cos, sin, heads, hd),
+                        100,
+                        heads * hd,
+                        REPLICATED,
+                    )
+                ),
+                100,
+                heads * hd,
+                REPLICATED,
+                what="rotary",
+            )
         q, kk, v = k(self.act(100, 80)), k(self.act(100, 80)), k(self.act(100, 80))
         o = self.op("segment_attention", m.segment_attention, q, kk, v, 2, 40, [(0, 37), (37, 100)])
-        self.expect(k(self.res(o, 100, 80, REPLICATED)), 100, 80, REPLICATED,
-                    what="segment_attention")
+        self.expect(
+            k(self.res(o, 100, 80, REPLICATED)), 100, 80, REPLICATED, what="segment_attention"
+        )
         f = k(self.act(100, 48))
-        self.expect(k(self.res(self.op("fold_rows", m.fold_rows, f, 4), 25, 192, REPLICATED)),
-                    25, 192, REPLICATED, what="fold_rows")
+        self.expect(
+            k(self.res(self.op("fold_rows", m.fold_rows, f, 4), 25, 192, REPLICATED)),
+            25,
+            192,
+            REPLICATED,
+            what="fold_rows",
+        )
 
     def refusals(self):
         """A shape ttnn refuses (validated before any kernel is built) raises ttnn's own
@@ -445,8 +600,8 @@ class Suite:
             # The core would refuse this (w has 48 values, group 96); the package does not
             # check it, so ttnn's validation of the gamma does.
             m.rms_norm(x, w, 96, 1e-6, 1)
-        except ValueError:
-            raise AssertionError("rms_norm with a 48-value gamma: expected ttnn's error")
+        except ValueError as e:
+            raise AssertionError("rms_norm with a 48-value gamma: expected ttnn's error") from e
         except Exception as e:
             check("TT_FATAL" in str(e), "ttnn's refusal carries TT_FATAL: %s" % str(e)[:300])
             line = [ln for ln in str(e).split("\n") if "TT_FATAL" in ln][0]
@@ -456,8 +611,8 @@ class Suite:
         b = self.act(37, 100)
         try:
             m.add(x, b)
-        except ValueError:
-            raise AssertionError("add of mismatched shapes: expected ttnn's error")
+        except ValueError as e:
+            raise AssertionError("add of mismatched shapes: expected ttnn's error") from e
         except RuntimeError as e:
             check("TT_THROW" in str(e) or "TT_FATAL" in str(e), "ttnn's text: %s" % str(e)[:200])
         else:
@@ -478,15 +633,19 @@ class Suite:
             m.free(*pair)
 
     def report(self):
-        print("host time per ABI op on the mock (1x%d, %s activations, programs cached; "
-              "min-max over the shapes run; ttnn calls incl. deallocates):"
-              % (self.cols, "bf16" if self.act_dtype == BF16 else "f32"))
+        print(
+            "host time per ABI op on the mock (1x%d, %s activations, programs cached; "
+            "min-max over the shapes run; ttnn calls incl. deallocates):"
+            % (self.cols, "bf16" if self.act_dtype == BF16 else "f32")
+        )
         for name, runs in sorted(self.timings.items()):
             ts = [r[0] * 1e3 for r in runs]
             calls = [r[1] for r in runs]
             frees = [r[2] for r in runs]
-            print("  %-20s %6.2f-%6.2f ms  %3d-%3d ttnn calls (%d-%d deallocate)"
-                  % (name, min(ts), max(ts), min(calls), max(calls), min(frees), max(frees)))
+            print(
+                "  %-20s %6.2f-%6.2f ms  %3d-%3d ttnn calls (%d-%d deallocate)"
+                % (name, min(ts), max(ts), min(calls), max(calls), min(frees), max(frees))
+            )
         print("host time per ttnn call (mean over the timed runs):")
         for k, (c, sec) in sorted(self.per_call.items(), key=lambda kv: -kv[1][1]):
             print("  %-52s %5d calls %7.1f us" % (k, c, sec / c * 1e6))
@@ -499,8 +658,10 @@ def descriptors_dir(args):
     if env:
         return env
     # The project's kit (ffi/ttnn-mock), else the shared one beside the repository.
-    for parts in (("..", "..", "..", "ttnn-mock"),
-                  ("..", "..", "..", "..", "..", "shared", "tools", "ttnn-mock")):
+    for parts in (
+        ("..", "..", "..", "ttnn-mock"),
+        ("..", "..", "..", "..", "..", "shared", "tools", "ttnn-mock"),
+    ):
         folder = os.path.normpath(os.path.join(HERE, *parts))
         if os.path.exists(os.path.join(folder, "blackhole_P150.yaml")):
             return folder
@@ -511,6 +672,7 @@ def spare_pools_follow_the_latest():
     """SparePools keeps the newest `limit` pool tensors: a longer sequence after shorter ones
     fills the spares reuses its own pools from its next chunk on (fake pools and a fake ttnn:
     the policy alone)."""
+
     class Tensor:
         def __init__(self):
             self.alive = True
@@ -550,15 +712,21 @@ def main(args):
         print("ok: 1x%d mesh" % cols)
         return 0
     folder = descriptors_dir(args)
-    runs = ((1, "blackhole_P150.yaml", "bf16"), (2, "blackhole_2xP150.yaml", "bf16"),
-            (1, "blackhole_P150.yaml", "f32"))
+    runs = (
+        (1, "blackhole_P150.yaml", "bf16"),
+        (2, "blackhole_2xP150.yaml", "bf16"),
+        (1, "blackhole_P150.yaml", "f32"),
+    )
     failed = 0
     for cols, desc, act in runs:
         env = dict(os.environ, TT_METAL_MOCK_CLUSTER_DESC_PATH=os.path.join(folder, desc))
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--cols", str(cols),
-                            "--act", act], env=env)
-        print("mesh 1x%d, %s activations: %s"
-              % (cols, act, "ok" if r.returncode == 0 else "FAILED (%d)" % r.returncode))
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--cols", str(cols), "--act", act], env=env
+        )
+        print(
+            "mesh 1x%d, %s activations: %s"
+            % (cols, act, "ok" if r.returncode == 0 else "FAILED (%d)" % r.returncode)
+        )
         failed += r.returncode != 0
     return 1 if failed else 0
 

@@ -35,6 +35,7 @@ in the op mapping (mutate.py), to show that the golden shadow catches it.
 
 Needs torch (imported here only: the package keeps importing without it).
 """
+
 import os
 
 
@@ -47,9 +48,11 @@ def install(mesh):
     try:
         import torch  # noqa: F401
     except ImportError as e:
-        raise RuntimeError("CLEF_TT_GOLDEN=1 needs torch in the ttnn environment "
-                           "(pip install torch): %s" % e)
+        raise RuntimeError(
+            "CLEF_TT_GOLDEN=1 needs torch in the ttnn environment (pip install torch): %s" % e
+        ) from e
     from .shadow import Shadow
+
     shadow = mesh.tt.shadow = Shadow(mesh)
     if os.environ.get("CLEF_TT_GOLDEN_REPORT", "") == "1":
         # The shadow's calls and host time per op, on stderr when the mesh closes.
@@ -57,6 +60,7 @@ def install(mesh):
 
         def close_and_report():
             import sys
+
             sys.stderr.write(shadow.report() + "\n")
             sys.stderr.flush()
             close()
@@ -65,5 +69,6 @@ def install(mesh):
     mutation = os.environ.get("CLEF_TT_GOLDEN_MUTATE", "")
     if mutation:
         from .mutate import apply
+
         apply(mesh, mutation)
     return mesh.tt.shadow

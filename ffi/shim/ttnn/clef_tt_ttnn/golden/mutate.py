@@ -20,6 +20,7 @@ never takes:
               (Splitting the heads as 2 x 36, or scaling by 96^-0.5, stays in the band: the tiny
               tower's attention is near uniform, so neither reaches the answers.)
 """
+
 import types
 
 
@@ -79,8 +80,13 @@ def _vision_pad(mesh):
     mesh._heads_out = types.MethodType(heads_out, mesh)
 
 
-MUTATIONS = {"gate_sign": _gate_sign, "raw_gamma": _raw_gamma, "rope_swap": _rope_swap,
-             "qk_swap": _qk_swap, "vision_pad": _vision_pad}
+MUTATIONS = {
+    "gate_sign": _gate_sign,
+    "raw_gamma": _raw_gamma,
+    "rope_swap": _rope_swap,
+    "qk_swap": _qk_swap,
+    "vision_pad": _vision_pad,
+}
 
 
 def apply(mesh, name):

@@ -43,13 +43,30 @@ Own shadows (the op has no golden function in ttnn 0.81.1, or is not a computati
   experimental.minimal_matmul(_split) x @ w + bias, the fused activation (sigmoid, SiLU,
                        softplus), in f32, split into `chunks` equal column parts
 """
+
 import numpy as np
 import torch
 
 # Arguments that only steer the device (configs, placement, the delta rule's constant tiles).
-DEVICE_ONLY = frozenset(("memory_config", "mem_config", "compute_kernel_config", "program_config",
-                         "device", "layout", "topology", "queue_id", "eye", "tril", "ones",
-                         "masks", "is_decode_mode", "num_links", "sub_core_grids"))
+DEVICE_ONLY = frozenset(
+    (
+        "memory_config",
+        "mem_config",
+        "compute_kernel_config",
+        "program_config",
+        "device",
+        "layout",
+        "topology",
+        "queue_id",
+        "eye",
+        "tril",
+        "ones",
+        "masks",
+        "is_decode_mode",
+        "num_links",
+        "sub_core_grids",
+    )
+)
 
 # Ops whose golden returns the device result's values in another (same-size) shape.
 RESHAPED_OUTPUTS = frozenset(("transformer.chunk_gated_delta_rule",))
@@ -71,6 +88,7 @@ def _widened(x):
 def per_device(keep=(), f32=False):
     """The golden of the op, once per device, on the twins of its tensor arguments; with `f32`,
     on the twins widened to f32 (the module's docs: the ops the device accumulates in f32)."""
+
     def body(sh, name, fn, args, kwargs, result):
         g = _golden(sh, fn)
         kw = {k: v for k, v in kwargs.items() if k not in DEVICE_ONLY or k in keep}
@@ -79,6 +97,7 @@ def per_device(keep=(), f32=False):
         for d in range(sh.n):
             outs.append(g(*[arg(a, d) for a in args], **{k: arg(v, d) for k, v in kw.items()}))
         sh.set(result, outs, name)
+
     return body
 
 
@@ -86,9 +105,11 @@ def per_device(keep=(), f32=False):
 def _collective_inputs(sh, args, kwargs):
     x, dim = args[0], args[1]
     shards = [sh.twin(x, d) for d in range(sh.n)]
-    kw = {"cluster_axis": kwargs.get("cluster_axis"),
-          "_ttnn_golden_mesh_shape": (1, sh.n),
-          "_ttnn_golden_mesh_shard_dims": (None, None)}
+    kw = {
+        "cluster_axis": kwargs.get("cluster_axis"),
+        "_ttnn_golden_mesh_shape": (1, sh.n),
+        "_ttnn_golden_mesh_shard_dims": (None, None),
+    }
     return shards, dim, kw
 
 
@@ -174,8 +195,9 @@ def to_device(sh, name, fn, args, kwargs, result):
         values = values * sh.n
     sh._dev[sh.key(result)] = [v.contiguous() for v in values]
     if tuple(values[0].shape) != tuple(int(x) for x in result.shape):
-        raise RuntimeError("golden shadow: to_device of %s into %s"
-                           % (list(values[0].shape), list(result.shape)))
+        raise RuntimeError(
+            "golden shadow: to_device of %s into %s" % (list(values[0].shape), list(result.shape))
+        )
 
 
 def from_device(sh, name, fn, args, kwargs, result):
@@ -247,17 +269,17 @@ def qkv_causal_conv1d_silu(sh, name, fn, args, kwargs, result):
         outs.append([])
     for d in range(sh.n):
         x = sh.twin(x_t, d).float()
-        x = x.reshape(1, x.shape[-2], x.shape[-1])[..., col0:col0 + width]
+        x = x.reshape(1, x.shape[-2], x.shape[-1])[..., col0 : col0 + width]
         ext = torch.cat([sh.twin(hist_t, d).float().reshape(1, -1, width), x], dim=1)
         taps = [sh.twin(t, d).float().reshape(-1) for t in taps_t]
         rows = x.shape[1]
-        y = sum(taps[j] * ext[:, j:j + rows] for j in range(len(taps)))
+        y = sum(taps[j] * ext[:, j : j + rows] for j in range(len(taps)))
         for i, part in enumerate(torch.split(torch.nn.functional.silu(y), widths, dim=-1)):
             outs[i].append(part.contiguous())
         if name.endswith("_with_carry"):
             # The next history: the 3 rows ending at actual_end (history rows in front).
             end = int(sh.twin(kwargs["actual_end"], d).reshape(-1)[0])
-            outs[3].append(ext[:, end:end + 3].reshape(1, 3, width).contiguous())
+            outs[3].append(ext[:, end : end + 3].reshape(1, 3, width).contiguous())
     for r, values in zip(result, outs):
         sh.set(r, values, name)
 
@@ -277,10 +299,10 @@ def nlp_create_qkv_heads(sh, name, fn, args, kwargs, result):
         x = sh.twin(args[0], d)
         b, _, s, width = x.shape
         heads = x.reshape(b, s, h + 2 * kv, width // (h + 2 * kv)).permute(0, 2, 1, 3)
-        k = heads[:, h:h + kv]
+        k = heads[:, h : h + kv]
         if kwargs.get("transpose_k_heads", True):
             k = k.transpose(-2, -1)
-        for i, part in enumerate((heads[:, :h], k, heads[:, h + kv:])):
+        for i, part in enumerate((heads[:, :h], k, heads[:, h + kv :])):
             outs[i].append(part.contiguous())
     for r, values in zip(result, outs):
         sh.set(r, values, name)
@@ -307,7 +329,8 @@ def minimal_matmul(sh, name, fn, args, kwargs, result):
     outs = [[] for _ in range(chunks)]
     for d in range(sh.n):
         y = sh.twin(args[0], d).float() @ sh.twin(args[1], d).float().reshape(
-            sh.twin(args[1], d).shape[-2:])
+            sh.twin(args[1], d).shape[-2:]
+        )
         if kwargs.get("bias_tensor") is not None:
             y = y + sh.twin(kwargs["bias_tensor"], d).float().reshape(-1)
         if kwargs.get("fused_activation") is not None:

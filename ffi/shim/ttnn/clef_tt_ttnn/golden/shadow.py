@@ -1,6 +1,7 @@
 """`Shadow`: the dispatcher hook of the golden-shadow mode (see __init__.py): a twin (one torch
 tensor per device) for every tensor a mesh's ttnn calls make, computed by the op's golden
 function or its own shadow (ops.py), and the values downloads return."""
+
 import time
 
 import numpy as np
@@ -23,9 +24,9 @@ class Shadow:
         self.mesh = mesh
         self.ttnn = mesh.ttnn
         self.n = mesh.n
-        self._dev = {}     # (address, shape, dtype, layout) -> [torch tensor per device]
-        self._host = {}    # id(host tensor) -> (tensor, [torch tensor per shard])
-        self.calls = {}    # op name -> ("golden" | "own", calls, host seconds)
+        self._dev = {}  # (address, shape, dtype, layout) -> [torch tensor per device]
+        self._host = {}  # id(host tensor) -> (tensor, [torch tensor per shard])
+        self.calls = {}  # op name -> ("golden" | "own", calls, host seconds)
         self.pending_free = {}  # id(tensor) -> its key, taken just before a deallocate
 
     # -- keys and twins ---------------------------------------------------------------------------
@@ -36,22 +37,28 @@ class Shadow:
         return self.ttnn.is_tensor_storage_on_device(t)
 
     def key(self, t):
-        return (int(t.buffer_address()), tuple(int(d) for d in t.shape), str(t.dtype),
-                str(t.layout))
+        return (
+            int(t.buffer_address()),
+            tuple(int(d) for d in t.shape),
+            str(t.dtype),
+            str(t.layout),
+        )
 
     def twins(self, t):
         """The per-device twins of `t` (a list of n torch tensors, or of its host shards)."""
         if not self.on_device(t):
             hit = self._host.get(id(t))
             if hit is None or hit[0] is not t:
-                raise ShadowError("golden shadow: a host tensor %s without a shadow value"
-                                  % list(t.shape))
+                raise ShadowError(
+                    "golden shadow: a host tensor %s without a shadow value" % list(t.shape)
+                )
             return hit[1]
         hit = self._dev.get(self.key(t))
         if hit is None:
-            raise ShadowError("golden shadow: no shadow value for the device tensor %s %s at %d "
-                              "(made outside the dispatcher?)" % (list(t.shape), t.dtype,
-                                                                   t.buffer_address()))
+            raise ShadowError(
+                "golden shadow: no shadow value for the device tensor %s %s at %d "
+                "(made outside the dispatcher?)" % (list(t.shape), t.dtype, t.buffer_address())
+            )
         return hit
 
     def twin(self, t, device):
@@ -61,6 +68,7 @@ class Shadow:
         """Store per-device `values` as the twin of result `t`, as `t` stores them (its dtype) and
         with its shape."""
         from ttnn.operations.golden_common import golden_to_output_dtype
+
         shape = tuple(int(d) for d in t.shape)
         out = []
         for v in values:
@@ -68,13 +76,16 @@ class Shadow:
                 raise ShadowError("golden shadow: %s gave %r, not a tensor" % (name, type(v)))
             if tuple(v.shape) != shape:
                 if v.numel() != int(np.prod(shape)) or name not in ops.RESHAPED_OUTPUTS:
-                    raise ShadowError("golden shadow: %s gave %s for a device result %s"
-                                      % (name, list(v.shape), list(shape)))
+                    raise ShadowError(
+                        "golden shadow: %s gave %s for a device result %s"
+                        % (name, list(v.shape), list(shape))
+                    )
                 v = v.reshape(shape)
             out.append(golden_to_output_dtype(v.detach(), t.dtype).contiguous())
         if len(out) != self.n and self.on_device(t):
-            raise ShadowError("golden shadow: %s gave %d shards for %d devices"
-                              % (name, len(out), self.n))
+            raise ShadowError(
+                "golden shadow: %s gave %d shards for %d devices" % (name, len(out), self.n)
+            )
         if self.on_device(t):
             self._dev[self.key(t)] = out
         else:
@@ -87,6 +98,7 @@ class Shadow:
         their twins behind otherwise (their keys are only overwritten when an address is used
         again). A twin purged too early would fail loudly (no shadow value), never silently."""
         from ..kv_cache import KV
+
         keep = set()
         for obj in list(self.mesh._live):
             if isinstance(obj, KV) and obj.released:
@@ -131,11 +143,14 @@ class Shadow:
     def report(self):
         """One line per op: golden or own shadow, calls, host seconds of the shadow."""
         rows = sorted(self.calls.items(), key=lambda kv: -kv[1][2])
-        lines = ["golden-shadow op %-50s %-6s %7d calls %8.2f s" % (name, kind, n, s)
-                 for name, (kind, n, s) in rows]
+        lines = [
+            "golden-shadow op %-50s %-6s %7d calls %8.2f s" % (name, kind, n, s)
+            for name, (kind, n, s) in rows
+        ]
         held = sum(v.numel() * v.element_size() for twins in self._dev.values() for v in twins)
-        lines.append("golden-shadow twins held: %d device tensors, %.1f MB"
-                     % (len(self._dev), held / 1e6))
+        lines.append(
+            "golden-shadow twins held: %d device tensors, %.1f MB" % (len(self._dev), held / 1e6)
+        )
         return "\n".join(lines)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -147,6 +162,7 @@ class Shadow:
         """The tile bytes a TILE matrix `t` of ttnn dtype `dtype` holds on `device` (repacked by
         ttnn's host conversion from its shadow values)."""
         from ..transfers import host_bytes
+
         v = self.twin(t, device).detach().to(torch.float32).contiguous()
         host = self.ttnn.Tensor(v.numpy(), data_type=dtype, layout=self.ttnn.TILE_LAYOUT)
         return host_bytes(host)

@@ -1,0 +1,409 @@
+//! Packed prefill passes: several short requests a worker took together run through the
+//! backbone as one pass (`Backbone::prefill_segments`), so every weight is read once for all of
+//! them, and each request's answer is exactly what it would have been alone.
+//!
+//! A worker hands [`Pipeline::decide_pack`] the jobs it took. Each is prepared on its own
+//! (validation, media, vision tower, encoding: a failure there answers that request and it
+//! never enters a pass). Requests are then grouped in arrival order into packs of at most
+//! `budget` prompt tokens; one longer than the budget, or with a piece longer than a prefill
+//! chunk, runs alone, chunked as always.
+//!
+//! A request runs as the same pieces it runs alone (`Pipeline::run_model`): the whole prompt,
+//! or with the prefix cache on, the prefix `[0, P)` and the tail `[P, T)`. A pack runs in two
+//! rounds: the first pass holds every whole prompt, every hit's tail (from its cached state)
+//! and every miss's prefix; the second holds the misses' tails, each from the slot its prefix
+//! just filled. A request whose prefix another request of the pack is computing waits for the
+//! second round and is then a hit, as it would be right after that request alone. The head
+//! runs per request on its own rows. A failed pass fails only the requests in it, each with
+//! the error it would have had alone; a request whose client left is answered between rounds.
+
+use super::prefix_cache::{boundary, CacheKey, CacheUse, PrefixSlot};
+use super::{
+    cancelled_error, fail, injected_device_fault, Decision, ModelRows, Pipeline, Prepared,
+    PREFILL_CHUNK,
+};
+use crate::backbone::{PrefillError, PrefillState, Segment};
+use crate::encode::LengthRule;
+use crate::request::{RequestError, SystemOneRequest};
+use clef_device::{HostTensor, MeshOps};
+use std::ops::Range;
+use std::sync::Arc;
+
+type Slot<B> = Arc<PrefixSlot<PrefillState<<B as MeshOps>::Tensor>, crate::head::HeadMemory>>;
+
+/// How a packed request's prompt is computed, as `run_model` would compute it alone.
+enum Plan<B: MeshOps> {
+    /// One piece `[0, T)` (cache off, or a state too short to cache).
+    Whole(CacheUse),
+    /// A cached prefix: the tail `[P, T)` from the slot.
+    Hit(Slot<B>, usize),
+    /// The prefix `[0, P)` in the first round (then cached), the tail in the second.
+    Miss(CacheKey, usize),
+    /// The prefix another request of the pack computes in the first round: the tail in the
+    /// second, from that slot.
+    After(CacheKey, usize),
+}
+
+/// One request of a pack, between rounds.
+struct Member<B: MeshOps> {
+    job: usize,
+    prepared: Prepared,
+    plan: Plan<B>,
+    /// The slot of a miss's prefix, once its first round ran.
+    slot: Option<Slot<B>>,
+    /// Requests in the largest pass it ran in.
+    pass_requests: usize,
+}
+
+/// One request's rows in one pass, continuing the state of a cached prefix (or none).
+struct Piece<B: MeshOps> {
+    member: usize,
+    range: Range<usize>,
+    start: Option<Slot<B>>,
+}
+
+impl<B: MeshOps> Pipeline<B> {
+    /// Answer `jobs` (in arrival order), packing short ones into shared prefill passes of at
+    /// most `budget` prompt tokens. `cancelled(i)`: job `i`'s client left (also each pass's
+    /// progress mark). `done(i, answer)` is called exactly once per job, as soon as its answer
+    /// is ready.
+    pub fn decide_pack(
+        &self,
+        jobs: &[(&SystemOneRequest, LengthRule)],
+        budget: usize,
+        cancelled: &dyn Fn(usize) -> bool,
+        done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
+    ) {
+        let packs_rows = self.backbone.mesh().packs_rows();
+        // Groups in arrival order: a pack (several jobs) or a job alone.
+        let mut groups: Vec<Vec<(usize, Prepared)>> = Vec::new();
+        let mut open: Vec<(usize, Prepared)> = Vec::new();
+        let mut open_tokens = 0;
+        for (i, &(req, rule)) in jobs.iter().enumerate() {
+            // Also a progress mark between requests' media (each may run the vision tower).
+            if cancelled(i) {
+                done(i, Err(cancelled_error()));
+                continue;
+            }
+            let prepared = match self.prepare(req, rule) {
+                Ok(p) => p,
+                Err(e) => {
+                    done(i, Err(e));
+                    continue;
+                }
+            };
+            let t = prepared.record.input_ids.len();
+            if !packs_rows || t > budget || !self.fits_one_pass(&prepared) {
+                groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
+                open_tokens = 0;
+                groups.push(vec![(i, prepared)]);
+                continue;
+            }
+            if open_tokens + t > budget {
+                groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
+                open_tokens = 0;
+            }
+            open_tokens += t;
+            open.push((i, prepared));
+        }
+        groups.extend((!open.is_empty()).then_some(open));
+        for group in groups {
+            if group.len() == 1 {
+                for (i, prepared) in group {
+                    let (req, _) = jobs[i];
+                    let rows = self.run_model(&prepared, &|| cancelled(i));
+                    done(i, rows.and_then(|rows| self.finish(req, prepared, rows, 1)));
+                }
+            } else {
+                self.run_pack(jobs, group, cancelled, done);
+            }
+        }
+    }
+
+    /// Whether every piece of the request's prompt fits one prefill pass (a chunk).
+    fn fits_one_pass(&self, prepared: &Prepared) -> bool {
+        let t = prepared.record.input_ids.len();
+        match self.cut(prepared) {
+            Some(p) => p <= PREFILL_CHUNK && t - p <= PREFILL_CHUNK,
+            None => t <= PREFILL_CHUNK,
+        }
+    }
+
+    /// The prefix length `run_model` would cache for this request (`None`: one piece).
+    fn cut(&self, prepared: &Prepared) -> Option<usize> {
+        let config = self.lock_cache().config();
+        let t = prepared.record.input_ids.len();
+        match config.slots {
+            0 => None,
+            _ => boundary(prepared.record.state_end, PREFILL_CHUNK, config.planner),
+        }
+        .filter(|&p| p < t)
+    }
+
+    /// The two rounds of one pack (see the module header).
+    fn run_pack(
+        &self,
+        jobs: &[(&SystemOneRequest, LengthRule)],
+        group: Vec<(usize, Prepared)>,
+        cancelled: &dyn Fn(usize) -> bool,
+        done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
+    ) {
+        let slots_on = self.lock_cache().config().slots > 0;
+        let mut members: Vec<Member<B>> = Vec::with_capacity(group.len());
+        let mut computing: Vec<CacheKey> = Vec::new();
+        for (job, prepared) in group {
+            let plan = match self.cut(&prepared) {
+                None => Plan::Whole(if slots_on {
+                    CacheUse::Uncacheable
+                } else {
+                    CacheUse::Off
+                }),
+                Some(p) => {
+                    let key = CacheKey {
+                        media: prepared
+                            .vision
+                            .as_ref()
+                            .map_or_else(Vec::new, |v| v.digest.clone()),
+                        ids: prepared.record.input_ids[..p].to_vec(),
+                    };
+                    if computing.contains(&key) {
+                        Plan::After(key, p)
+                    } else {
+                        match self.lock_cache().lookup(&key) {
+                            Some(slot) => Plan::Hit(slot, p),
+                            None => {
+                                computing.push(key.clone());
+                                Plan::Miss(key, p)
+                            }
+                        }
+                    }
+                }
+            };
+            members.push(Member {
+                job,
+                prepared,
+                plan,
+                slot: None,
+                pass_requests: 1,
+            });
+        }
+        let mut live: Vec<Option<Member<B>>> = members.into_iter().map(Some).collect();
+
+        // Round 1: whole prompts, hits' tails, misses' prefixes.
+        let pieces: Vec<Piece<B>> = live
+            .iter()
+            .enumerate()
+            .filter_map(|(k, m)| {
+                let m = m.as_ref()?;
+                let t = m.prepared.record.input_ids.len();
+                match &m.plan {
+                    Plan::Whole(_) => Some((k, 0..t, None)),
+                    Plan::Hit(slot, p) => Some((k, *p..t, Some(slot.clone()))),
+                    Plan::Miss(_, p) => Some((k, 0..*p, None)),
+                    Plan::After(..) => None,
+                }
+            })
+            .map(|(member, range, start)| Piece {
+                member,
+                range,
+                start,
+            })
+            .collect();
+        let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
+        for (k, hidden, state) in outcome {
+            let Some(m) = live[k].as_mut() else {
+                continue;
+            };
+            let t = m.prepared.record.input_ids.len();
+            let rows = match &m.plan {
+                Plan::Whole(cache) => ModelRows {
+                    memory: self.head.memory(&hidden, t),
+                    hidden,
+                    first_row: 0,
+                    cache: *cache,
+                },
+                Plan::Hit(slot, p) => ModelRows {
+                    memory: slot.memory.clone().then(self.head.memory(&hidden, t - p)),
+                    hidden,
+                    first_row: *p,
+                    cache: CacheUse::Hit,
+                },
+                Plan::Miss(key, p) => {
+                    let memory = self.head.memory(&hidden, *p);
+                    let bytes = self.backbone.state_bytes(&state) + memory.bytes();
+                    let slot = PrefixSlot {
+                        key: key.clone(),
+                        state,
+                        memory,
+                        bytes,
+                    };
+                    m.slot = Some(self.lock_cache().insert(slot));
+                    continue;
+                }
+                Plan::After(..) => continue,
+            };
+            if let Some(m) = live[k].take() {
+                let (req, _) = jobs[m.job];
+                done(m.job, self.finish(req, m.prepared, rows, m.pass_requests));
+            }
+        }
+
+        // Round 2: the misses' tails and the requests that waited for their prefixes.
+        for m in live.iter_mut().flatten() {
+            if let Plan::After(key, _) = &m.plan {
+                m.slot = self.lock_cache().lookup(key);
+            }
+        }
+        let mut alone = Vec::new();
+        for m in live.iter_mut() {
+            if matches!(
+                m,
+                Some(Member {
+                    plan: Plan::After(..),
+                    slot: None,
+                    ..
+                })
+            ) {
+                // Its prefix was not kept (the cache's byte cap): it runs alone, a miss.
+                alone.extend(m.take());
+            }
+        }
+        let pieces: Vec<Piece<B>> = live
+            .iter()
+            .enumerate()
+            .filter_map(|(k, m)| {
+                let m = m.as_ref()?;
+                let t = m.prepared.record.input_ids.len();
+                let p = match &m.plan {
+                    Plan::Miss(_, p) | Plan::After(_, p) => *p,
+                    _ => return None,
+                };
+                Some(Piece {
+                    member: k,
+                    range: p..t,
+                    start: Some(m.slot.clone()?),
+                })
+            })
+            .collect();
+        let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
+        for (k, hidden, _) in outcome {
+            let Some(m) = live[k].take() else {
+                continue;
+            };
+            let t = m.prepared.record.input_ids.len();
+            let (Some(slot), Plan::Miss(_, p) | Plan::After(_, p)) = (&m.slot, &m.plan) else {
+                continue;
+            };
+            let rows = ModelRows {
+                memory: slot.memory.clone().then(self.head.memory(&hidden, t - p)),
+                hidden,
+                first_row: *p,
+                cache: match m.plan {
+                    Plan::Miss(..) => CacheUse::Miss,
+                    _ => CacheUse::Hit,
+                },
+            };
+            let (req, _) = jobs[m.job];
+            done(m.job, self.finish(req, m.prepared, rows, m.pass_requests));
+        }
+        for m in live.into_iter().flatten() {
+            // Not reachable: every member was answered in a round or left as `alone`.
+            done(
+                m.job,
+                Err(RequestError::internal(
+                    "a packed request was left unanswered",
+                )),
+            );
+        }
+        for m in alone {
+            let (req, _) = jobs[m.job];
+            let rows = self.run_model(&m.prepared, &|| cancelled(m.job));
+            done(
+                m.job,
+                rows.and_then(|rows| self.finish(req, m.prepared, rows, 1)),
+            );
+        }
+    }
+
+    /// One pass over `pieces`: requests whose client left, or whose rows cannot be built, are
+    /// answered and dropped first; a failed pass answers every request in it. Returns each
+    /// piece's member, final rows and state.
+    fn pack_pass(
+        &self,
+        live: &mut [Option<Member<B>>],
+        pieces: Vec<Piece<B>>,
+        cancelled: &dyn Fn(usize) -> bool,
+        done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
+    ) -> Vec<(usize, Vec<f32>, PrefillState<B::Tensor>)> {
+        let mut rows: Vec<f32> = Vec::new();
+        let mut positions: Vec<[u32; 3]> = Vec::new();
+        let mut segments: Vec<Segment<B::Tensor>> = Vec::new();
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        let mut dropped: Vec<(usize, RequestError)> = Vec::new();
+        for piece in &pieces {
+            let Some(m) = live[piece.member].as_ref() else {
+                continue;
+            };
+            if cancelled(m.job) {
+                dropped.push((piece.member, cancelled_error()));
+                continue;
+            }
+            let ids = &m.prepared.record.input_ids;
+            match self.piece_input(ids, m.prepared.vision.as_ref(), piece.range.clone()) {
+                Ok((embedded, pos)) => {
+                    rows.extend_from_slice(&embedded.data);
+                    positions.extend(pos);
+                    segments.push(Segment {
+                        rows: piece.range.len(),
+                        start: piece.start.as_ref().map(|s| &s.state),
+                    });
+                    members.push((piece.member, piece.range.len()));
+                }
+                Err(e) => dropped.push((piece.member, fail(e))),
+            }
+        }
+        for (k, e) in dropped {
+            if let Some(m) = live[k].take() {
+                done(m.job, Err(e));
+            }
+        }
+        if segments.is_empty() {
+            return Vec::new();
+        }
+        let n = segments.len();
+        let embedded = HostTensor::new(positions.len(), self.hidden, rows);
+        let faulty = members
+            .iter()
+            .any(|&(k, _)| live[k].as_ref().is_some_and(|m| m.prepared.device_fault));
+        let result: Result<_, PrefillError> = match faulty {
+            true => Err(injected_device_fault()),
+            false => self
+                .backbone
+                .prefill_segments(&embedded, &positions, &segments, None),
+        };
+        drop(segments);
+        let (hidden, states) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let e = fail(e);
+                for &(k, _) in &members {
+                    if let Some(m) = live[k].take() {
+                        done(m.job, Err(e.clone()));
+                    }
+                }
+                return Vec::new();
+            }
+        };
+        let h = self.hidden;
+        let mut out = Vec::with_capacity(n);
+        let mut from = 0;
+        for ((k, len), state) in members.into_iter().zip(states) {
+            if let Some(m) = live[k].as_mut() {
+                m.pass_requests = m.pass_requests.max(n);
+            }
+            out.push((k, hidden.data[from * h..(from + len) * h].to_vec(), state));
+            from += len;
+        }
+        out
+    }
+}
