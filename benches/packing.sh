@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packed against unpacked prefill passes in one run: two `clef-tt serve` of the same model, one
-# with packing on (CLEF_PACK_TOKENS, default 2048 on the CPU) and one with it off
+# with packing on (CLEF_PACK_TOKENS=2048, or CLEF_BENCH_PACK_TOKENS) and one with it off
 # (CLEF_PACK_TOKENS=0), and `clef-tt bench http` sending distinct short states (about 300 input
 # tokens, three questions) from 1, 4, 16 and 64 clients to each in turn: requests/s, p50, p99.
 #

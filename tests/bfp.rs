@@ -19,7 +19,7 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// The host shim's C++ decoder (written independently from spec/tenstorrent.md §2.3) reads
+/// The host shim's C++ decoder (written independently from Tenstorrent's documentation) reads
 /// ttnn's own tile bytes, uploaded as matrices, back to ttnn's decoded values (NaN where ttnn
 /// has NaN).
 #[test]

@@ -1,11 +1,11 @@
 //! How a device's matrix engine computes a product: math fidelity (mantissa bits of the
 //! operands the multipliers see), bf16 or f32 accumulation and bf16 activations
-//! (spec/tenstorrent.md §3). The CPU mesh imitates them in its matmul; the Tenstorrent backend
+//! (Tenstorrent's documentation). The CPU mesh imitates them in its matmul; the Tenstorrent backend
 //! passes them to the device with every `linear`.
 
 /// Math fidelity of the Tenstorrent matrix engine: how many mantissa bits of the weights
 /// (srcA, 1 hidden + 4 per phase) and of the activations (srcB, 1 hidden + 6, then the rest)
-/// the multipliers use (spec/tenstorrent.md §3).
+/// the multipliers use (Tenstorrent's documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Fidelity {
     /// No truncation (the plain CPU product).

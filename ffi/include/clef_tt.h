@@ -135,7 +135,7 @@ typedef struct clef_tt_mesh_config {
    * already) a 1x`parent_cols` parent and take the 1x`cols` submesh at column `submesh_offset`. */
   uint32_t parent_cols;
   uint32_t submesh_offset;
-  /* Device open parameters (spec/tenstorrent.md §1.2; the port: 24576, 0 eager, 2). */
+  /* Device open parameters (Tenstorrent's documentation; the port: 24576, 0 eager, 2). */
   uint32_t num_command_queues;
   uint64_t l1_small_size;
   uint64_t trace_region_size;

@@ -1,7 +1,7 @@
 //! The HTTP contract as an OpenAPI 3.1 document: `GET /openapi.json` (never behind the key) and
 //! `clef-tt openapi`.
 //!
-//! Schemas come from the wire types of `contract.rs` (schemars, JSON Schema 2020-12, the
+//! Schemas come from the wire types of `contract/` (schemars, JSON Schema 2020-12, the
 //! dialect of OpenAPI 3.1): requests with the deserialising contract, responses with the
 //! serialising one. The limits the server was started with ([`ServerSettings`]: questions,
 //! options, levels, id length, strict rules, media counts, served model names, body bytes,

@@ -2,7 +2,7 @@
 //!
 //! `prefill` embeds the ids on the host, runs every decoder layer on the mesh (Gated DeltaNet
 //! or gated attention, then the SwiGLU MLP, residual adds in between) and returns the final
-//! RMS-normed hidden row of every token (spec/qwen35-backbone.md §2). It can start from the
+//! RMS-normed hidden row of every token (Qwen3.5's architecture). It can start from the
 //! state of an earlier pass at position P (KV rows of the attention layers, conv carry and
 //! recurrent state of the DeltaNet layers) and returns the state at its end, so a prompt can be
 //! computed as a prefix pass and a tail pass.

@@ -2,7 +2,7 @@
 //! is assembled from, how it is split over the devices of the mesh, and which collective
 //! follows the projections whose outputs are partial sums.
 //!
-//! It follows the Tenstorrent port (spec/tenstorrent.md §4): fused column-parallel projections
+//! It follows the Tenstorrent port (Tenstorrent's documentation): fused column-parallel projections
 //! (attention `[q|gate, k, v]`, DeltaNet `[q, k, v, z, b, a]`, MLP `[gate, up]`) assembled per
 //! device, row-parallel `o_proj` / `out_proj` / `down_proj` followed by a reduction in f32;
 //! each device owns whole KV heads and whole DeltaNet value heads, so nothing crosses devices

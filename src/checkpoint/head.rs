@@ -185,7 +185,7 @@ mod tests {
         let t = flash.expected_tensors();
         assert_eq!(t.len(), 122);
         let params: usize = t.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
-        // spec/clef-reference.md §2.2: 121,762,820 for Clef-Flash, 128,056,324 for Clef.
+        // the reference's code: 121,762,820 for Clef-Flash, 128,056,324 for Clef.
         assert_eq!(params, 121_762_820);
         let clef = JointHeadConfig::release(5120);
         let params: usize = clef

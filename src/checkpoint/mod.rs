@@ -14,6 +14,7 @@ mod config;
 mod head;
 mod hub;
 mod rows;
+pub mod shapes;
 mod tensors;
 
 pub use config::{LayerKind, ModelConfig, TextConfig, VisionConfig};

@@ -1,9 +1,10 @@
 //! The command line's shape: every subcommand, flag and `CLEF_*` variable (clap derive).
 
 use clap::{Parser, Subcommand};
+use clef_device::MeshShape;
+use clef_tt::checkpoint::shapes::Shape;
 use clef_tt::encode::LengthRule;
 use clef_tt::precision::parse_flag;
-use clef_tt::random::Shape;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -87,7 +88,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "clef-27b")]
         shape: Shape,
         #[arg(long, default_value = "1x2")]
-        mesh: String,
+        mesh: MeshShape,
         /// Precision profile (its weight formats and fidelity).
         #[arg(long, default_value = "selected")]
         profile: String,
@@ -142,7 +143,7 @@ pub struct ModelArgs {
     pub revision: Option<String>,
     /// Mesh shape of each worker's device (1x1, 1x2).
     #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-    pub mesh: String,
+    pub mesh: MeshShape,
     /// Precision profile (profiles/*.json): f32 (the reference's numbers), bf16, selected,
     /// stage1 or fast; knobs can be overridden by environment variables (README). Default:
     /// f32 on the CPU, selected on Tenstorrent.
@@ -162,7 +163,7 @@ pub struct ProfileArgs {
     #[arg(long, env = "CLEF_PRECISION")]
     pub profile: Option<String>,
     #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
-    pub mesh: String,
+    pub mesh: MeshShape,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -260,7 +261,7 @@ pub struct ServeArgs {
     /// Tenstorrent: open this parent mesh (e.g. 1x4) and give each worker a submesh of it
     /// (default with several workers: a parent as wide as all of them).
     #[arg(long, env = "CLEF_PARENT_MESH")]
-    pub parent_mesh: Option<String>,
+    pub parent_mesh: Option<MeshShape>,
     /// Tenstorrent: the parent column of the first worker's submesh (worker i: + i x cols).
     #[arg(long, env = "CLEF_SUBMESH_OFFSET", default_value_t = 0)]
     pub submesh_offset: usize,
@@ -332,7 +333,7 @@ pub struct ServeArgs {
     pub device_timeout: Option<f64>,
     /// Prompt tokens of one packed prefill pass: a worker packs the short requests queued
     /// together into one pass of at most this many tokens (0 turns packing off). Default:
-    /// 2048 on the CPU, 1024 (one prefill chunk) on `tt`.
+    /// 1024 (one prefill chunk) on `tt`, 0 on the CPU (where it measured no gain).
     #[arg(long, env = "CLEF_PACK_TOKENS", value_name = "TOKENS")]
     pub pack_tokens: Option<usize>,
     /// Milliseconds a worker that took a request waits for more to pack with it (0: it packs
@@ -388,7 +389,7 @@ pub enum BenchCommand {
         /// only): synthetic weights allocated on the devices, never uploaded; device ops (ttnn's
         /// graph capture), ttnn and ABI calls, host ms and data movement per chunk.
         #[arg(long, value_enum)]
-        shape: Option<clef_tt::random::Shape>,
+        shape: Option<clef_tt::checkpoint::shapes::Shape>,
         /// With --shape: positions the measured chunks start at (reached by prefilling first).
         #[arg(long, value_delimiter = ',', default_value = "0,15360")]
         start: Vec<usize>,
@@ -398,7 +399,7 @@ pub enum BenchCommand {
         max_device_ops: Option<u64>,
         /// Mesh shapes.
         #[arg(long, value_delimiter = ',', default_value = "1x1,1x2")]
-        mesh: Vec<String>,
+        mesh: Vec<MeshShape>,
         /// Timed runs per configuration (the median is reported).
         #[arg(long, default_value_t = 3)]
         repeat: usize,
@@ -425,7 +426,7 @@ pub enum BenchCommand {
         sizes: Vec<String>,
         /// Mesh shapes to run the tower on (its TP=2 plan on 1x2).
         #[arg(long, value_delimiter = ',', default_value = "1x1")]
-        mesh: Vec<String>,
+        mesh: Vec<MeshShape>,
         /// Format of the tower's matrices (f32, bf16, bfp8_b, bfp4_b).
         #[arg(long, default_value = "f32")]
         format: String,

@@ -295,7 +295,7 @@ pub fn vision(
 ) -> anyhow::Result<Vec<VisionRow>> {
     let t0 = Instant::now();
     let source = clef_tt::random::RandomVisionWeights {
-        shape: clef_tt::random::CLEF_27B_VISION,
+        shape: clef_tt::checkpoint::shapes::CLEF_27B_VISION,
         seed: 11,
     };
     let tower = clef_vision::VisionTower::load(mesh, source.shape, format, &source)?;

@@ -105,12 +105,7 @@ impl args::ProfileArgs {
         let ckpt = open(self.model.clone(), None)?;
         let device = self.device.resolve()?;
         let precision = device.precision(self.profile.as_deref())?;
-        Ok((
-            ckpt,
-            device,
-            precision,
-            MeshLayout::single(self.mesh.parse()?),
-        ))
+        Ok((ckpt, device, precision, MeshLayout::single(self.mesh)))
     }
 }
 
@@ -165,7 +160,7 @@ pub fn main() -> anyhow::Result<()> {
                         Some(max_length) => LengthRule::Reference { max_length },
                         None => limits.rule(),
                     };
-                    let layout = MeshLayout::single(model.mesh.parse()?);
+                    let layout = MeshLayout::single(model.mesh);
                     on_device!(&device, layout, precision.numerics(), |open| {
                         let p = pipeline(&ckpt, open(0)?, &precision)?;
                         decide::run(&p, &text, rule, &mut stdout.lock())?
@@ -216,13 +211,13 @@ pub fn main() -> anyhow::Result<()> {
             slots,
             slot_tokens,
         } => {
-            let (text, _) = clef_tt::random::shape_configs(shape);
-            let vision = matches!(shape, clef_tt::random::Shape::Clef27b)
-                .then_some(clef_tt::random::CLEF_27B_VISION);
+            let (text, _) = clef_tt::checkpoint::shapes::shape_configs(shape);
+            let vision = matches!(shape, clef_tt::checkpoint::shapes::Shape::Clef27b)
+                .then_some(clef_tt::checkpoint::shapes::CLEF_27B_VISION);
             let shape_name = clap::ValueEnum::to_possible_value(&shape)
                 .map(|v| v.get_name().to_string())
                 .unwrap_or_default();
-            let mesh_shape = mesh.parse::<MeshShape>()?;
+            let mesh_shape = mesh;
             let precision = Precision::from_env(&profile)?;
             let question = clef_tt::perf_model::report::PlanQuestion {
                 name: &shape_name,
@@ -349,11 +344,10 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             } else {
                 precision
             };
-            let (config, _) = clef_tt::random::shape_configs(shape);
+            let (config, _) = clef_tt::checkpoint::shapes::shape_configs(shape);
             for name in &names {
                 let p = Precision::resolve(name, |_| None)?;
-                for m in &mesh {
-                    let shape_of_mesh: MeshShape = m.parse()?;
+                for &shape_of_mesh in &mesh {
                     let tt =
                         device::open_tt(&shim, MeshLayout::single(shape_of_mesh), 0, p.numerics())?;
                     let bb = bench_chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
@@ -399,8 +393,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 .collect::<Result<Vec<_>, _>>()?;
             let peak_before = clef_device::cpu::fma_peak_gflops();
             let mut rows = Vec::new();
-            for shape in &mesh {
-                let shape: MeshShape = shape.parse()?;
+            for &shape in &mesh {
                 let run = bench::PrefillRun {
                     ckpt: &ckpt,
                     profiles: &profiles,
@@ -470,8 +463,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let format = weight_format(&format)?;
             let mut rows = Vec::new();
-            for shape in &mesh {
-                let shape = shape.parse()?;
+            for &shape in &mesh {
                 let mesh = if profile {
                     clef_device::cpu::CpuMesh::with_profile(shape)
                 } else {

@@ -7,7 +7,7 @@
 use super::args::ServeArgs;
 use super::device::{on_device, Device, MeshLayout};
 use anyhow::Context;
-use clef_device::{MeshOps, MeshShape};
+use clef_device::MeshOps;
 use clef_tt::api::server::{router, AppState, ServerSettings};
 use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
@@ -68,12 +68,13 @@ pub struct ServeOptions {
 /// Most requests a worker takes at once to pack.
 pub const PACK_MAX_REQUESTS: usize = 16;
 
-/// `--pack-tokens` and `--pack-wait-ms`: the tokens asked, else 2,048 on the CPU and one
-/// prefill chunk on `tt` (the rows the device path is sized for).
+/// `--pack-tokens` and `--pack-wait-ms`: the tokens asked, else one prefill chunk on `tt` (the
+/// rows the device path is sized for) and none on the CPU, where packing measured no gain
+/// (docs/packing.md).
 fn packing(tokens: Option<usize>, wait_ms: u64, device: &Device) -> Packing {
     let tokens = tokens.unwrap_or(match device {
         Device::Tt(_) => PREFILL_CHUNK,
-        _ => 2 * PREFILL_CHUNK,
+        _ => 0,
     });
     match tokens {
         0 => Packing::OFF,
@@ -114,10 +115,6 @@ impl ServeOptions {
         let device = a.model.device.resolve_for_serving()?;
         let device_timeout = device_timeout(a.device_timeout, &device)?;
         let packing = packing(a.pack_tokens, a.pack_wait_ms, &device);
-        let parent = match &a.parent_mesh {
-            Some(p) => Some(p.parse::<MeshShape>()?),
-            None => None,
-        };
         Ok(ServeOptions {
             model_dir,
             is_default_model,
@@ -126,8 +123,8 @@ impl ServeOptions {
             port: a.port,
             workers: a.workers,
             layout: MeshLayout {
-                shape: a.model.mesh.parse()?,
-                parent,
+                shape: a.model.mesh,
+                parent: a.parent_mesh,
                 first_offset: a.submesh_offset,
                 workers: a.workers.max(1),
             },
@@ -714,7 +711,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 0,
             workers,
-            layout: MeshLayout::single(MeshShape::ONE),
+            layout: MeshLayout::single(clef_device::MeshShape::ONE),
             device: Device::Cpu,
             precision: Precision::resolve("f32", |_| None).unwrap(),
             max_queue: 4,

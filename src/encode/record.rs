@@ -1,4 +1,4 @@
-//! The reference's record layout (spec/clef-reference.md §1): prompt pieces tokenized one by
+//! The reference's record layout (the reference's code): prompt pieces tokenized one by
 //! one, question and option spans, option order, and the length rules — the reference's single
 //! `max_length` budget, or the server's state-piece / tail limits.
 

@@ -138,6 +138,7 @@ impl Engine {
                 true => packing,
                 false => Packing::OFF,
             },
+            workers,
         };
         for (i, pipeline) in pipelines.into_iter().enumerate() {
             spawn_worker(i, 0, pipeline, context.clone(), warmup.clone());
@@ -187,6 +188,8 @@ struct WorkerContext {
     stats: Arc<EngineStats>,
     deadline: Arc<DeviceDeadline>,
     packing: Packing,
+    /// Workers taking from the queue.
+    workers: usize,
 }
 
 /// The device deadline's watchdog (`deadline.rs`): looks at the workers every tick; once the
@@ -286,15 +289,22 @@ fn record_usage<B: MeshOps>(index: usize, pipeline: &Pipeline<B>, stats: &Engine
     }
 }
 
-/// The next jobs for worker `index`: one (waiting for it), then, with packing on, whatever
-/// else is queued (waiting up to the fill window for more) up to the packing's count. `None`
-/// once the queue closed.
-fn take_jobs(rx: &Queue, packing: &Packing) -> Option<Vec<Job>> {
+/// The next jobs for a worker: one (waiting for it), then, with packing on, its share of what
+/// else is queued (waiting up to the fill window for more): at most the packing's count, and
+/// with several workers no more than an even share, so no worker idles while another holds a
+/// second pack. `None` once the queue closed.
+fn take_jobs(rx: &Queue, packing: &Packing, workers: usize) -> Option<Vec<Job>> {
     let mut queue = rx.lock().ok()?;
     // One worker waits on the queue at a time; the others wait for the lock.
     let mut jobs = vec![queue.blocking_recv()?];
+    // (With a fill window the worker waits for jobs not queued yet: the count alone bounds it.)
+    let share = (1 + queue.len()).div_ceil(workers.max(1));
+    let limit = match packing.wait.is_zero() {
+        true => packing.max_jobs.min(share),
+        false => packing.max_jobs,
+    };
     let until = Instant::now() + packing.wait;
-    while jobs.len() < packing.max_jobs {
+    while jobs.len() < limit {
         match queue.try_recv() {
             Ok(job) => jobs.push(job),
             Err(mpsc::error::TryRecvError::Empty) if Instant::now() < until => {
@@ -314,7 +324,7 @@ fn worker_loop<B: MeshOps>(
 ) -> WorkerEnd {
     let (rx, stats, deadline) = (&context.rx, &context.stats, &context.deadline);
     loop {
-        let Some(taken) = take_jobs(rx, &context.packing) else {
+        let Some(taken) = take_jobs(rx, &context.packing, context.workers) else {
             return WorkerEnd::QueueClosed;
         };
         stats.queued.fetch_sub(taken.len(), Ordering::SeqCst);

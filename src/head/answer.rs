@@ -1,4 +1,4 @@
-//! From logits to the reference's answers (spec/clef-reference.md §3.3): an f32 softmax per
+//! From logits to the reference's answers (the reference's code): an f32 softmax per
 //! question, then the response shapes ([`Answer`]) with Python's `round(x, 4)`.
 
 use crate::encode::json::round4;

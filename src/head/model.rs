@@ -1,4 +1,4 @@
-//! The joint schema head (spec/clef-reference.md §2.4), f32 on the host.
+//! The joint schema head (the reference's code), f32 on the host.
 //!
 //! Attention over the memory never projects all T memory rows through K and V: with few
 //! queries, K's projection is folded onto the query side (`q·(m Wₖᵀ + bₖ) = (q Wₖ)·m + const`,

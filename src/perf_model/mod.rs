@@ -2,7 +2,7 @@
 //! plans (`backbone::TpPlan`, `clef_vision::VisionPlan`) and the precision profile's formats:
 //! per device, the bytes of every placed weight class; for one prefill chunk, the FLOPs, DRAM
 //! bytes and collective bytes of every op; and a predicted time per op at the p150 ceilings of
-//! spec/tenstorrent.md §6 — matmuls at the measured 190 TFLOP/s per chip and at the peak of the
+//! Tenstorrent's documentation — matmuls at the measured 190 TFLOP/s per chip and at the peak of the
 //! profile's fidelity, everything else at the 512 GB/s of DRAM, a fixed cost plus link time per
 //! collective. It is arithmetic, not a simulation: it knows nothing of dispatch, relayouts or
 //! kernel efficiency, which is why the port's measured 338 ms per 1,024-token chunk is set
@@ -22,7 +22,7 @@ use clef_device::formats::{packed_bytes, TileFormat};
 use clef_device::plan::WeightPlan;
 use clef_device::{Fidelity, WeightFormat};
 
-/// The hardware numbers the model divides by (spec/tenstorrent.md §6, per chip).
+/// The hardware numbers the model divides by (Tenstorrent's documentation, per chip).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ceilings {
     /// The best matmul rate measured on a p150 (`qwen36/PERF_ROOFLINE.md`).

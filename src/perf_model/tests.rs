@@ -1,9 +1,9 @@
 //! The model's totals against independent counts from the configuration.
 
 use super::*;
+use crate::checkpoint::shapes::{shape_configs, Shape, CLEF_27B_VISION};
 use crate::checkpoint::LayerKind;
 use crate::precision::Precision;
-use crate::random::{shape_configs, Shape, CLEF_27B_VISION};
 
 fn clef_27b() -> TextConfig {
     shape_configs(Shape::Clef27b).0

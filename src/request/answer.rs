@@ -1,6 +1,6 @@
 //! What a decision answers: the body the engine builds ([`DecisionBody`]: the model name, one
 //! [`Answer`] per question in the request's order, [`Usage`], `truncated`, `latency_ms`), with
-//! the reference's answer shapes (spec/clef-reference.md §3.3). Serde gives the bytes on the
+//! the reference's answer shapes (the reference's code). Serde gives the bytes on the
 //! wire and schemars their schema, so `api`'s OpenAPI document describes exactly these.
 
 use indexmap::IndexMap;

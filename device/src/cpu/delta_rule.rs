@@ -1,5 +1,5 @@
 //! The gated delta rule on the CPU, per value head: the chunked form the prefill uses and the
-//! token-by-token recurrence it is tested against (spec/qwen35-backbone.md §6).
+//! token-by-token recurrence it is tested against (Qwen3.5's architecture).
 //!
 //! Inputs of one head: `q`, `k` `[T, dk]` (already L2-normalised; q scaled), `v` `[T, dv]`,
 //! the log-decay `g` `[T]` and `beta` `[T]`; the state `S` is `[dk, dv]`, fp32.

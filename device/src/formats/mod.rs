@@ -1,5 +1,5 @@
 //! Tenstorrent tile formats on the host: f32, bf16, bfp8_b and bfp4_b packed exactly as ttnn's
-//! host conversion does (spec/tenstorrent.md §2.2–2.3, checked against ttnn's own bytes in
+//! host conversion does (Tenstorrent's documentation, checked against ttnn's own bytes in
 //! `tests/fixtures/bfp/`).
 //!
 //! A matrix is padded with zeros to whole 32x32 tiles, tiles follow each other in row-major

@@ -55,7 +55,7 @@ impl MeshPlacement {
     }
 }
 
-/// Device open parameters of the Tenstorrent port (spec/tenstorrent.md §1.2).
+/// Device open parameters of the Tenstorrent port (Tenstorrent's documentation).
 const L1_SMALL_SIZE: u64 = 24576;
 const COMMAND_QUEUES: u32 = 2;
 

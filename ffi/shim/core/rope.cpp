@@ -1,6 +1,6 @@
 // Host-side rotary tables of a chunk: the cos/sin of every row's interleaved M-RoPE angles,
 // computed in f32 as PyTorch (and clef-device's CPU mesh) compute them, so every backend
-// rotates by the same numbers (the ttnn backend uploads them; spec/tenstorrent.md §3).
+// rotates by the same numbers (the ttnn backend uploads them; Tenstorrent's documentation).
 #include "rope.hpp"
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Tile geometry shared by the core's size checks and the backends (spec/tenstorrent.md §2.2):
+// Tile geometry shared by the core's size checks and the backends (Tenstorrent's documentation):
 // 32x32 tiles in row-major tile order, four 16x16 faces each; bytes per tile by dtype.
 #pragma once
 

@@ -162,7 +162,7 @@ void attend_all(const Rows& q, uint32_t qcol, uint32_t begin, uint32_t end, Visi
 Rows linear(const Rows& x, const Rows& w, const clef_tt_matmul_config& config) {
   const bool imitate = config.fidelity != CLEF_TT_EXACT;
   const bool bf16_in = config.bf16_activations != 0 || imitate;
-  // Mantissa bits the multipliers see (spec/tenstorrent.md §3): srcB (activations) 1 + 6 at
+  // Mantissa bits the multipliers see (Tenstorrent's documentation): srcB (activations) 1 + 6 at
   // LoFi and HiFi2, all from HiFi3; srcA (weights) 1 + 4 at LoFi, all from HiFi2.
   const uint32_t six_bits = 0xFFFE0000u, four_bits = 0xFFF80000u, all = 0xFFFFFFFFu;
   const uint32_t act_mask =

@@ -1,4 +1,4 @@
-// ttnn's TILE layout on the host, written from spec/tenstorrent.md §2.2–2.3 independently of
+// ttnn's TILE layout on the host, written from Tenstorrent's documentation independently of
 // the Rust packer (clef-device::formats), so uploads through the host shim cross-check it:
 // 32x32 tiles in row-major tile order, four 16x16 faces per tile (top-left, top-right,
 // bottom-left, bottom-right), each face row-major; f32 and bf16 tiles hold the elements in

@@ -1,4 +1,4 @@
-//! `POST /v1/systemone`'s body as the reference reads it (spec/clef-reference.md §1.2, §3.1):
+//! `POST /v1/systemone`'s body as the reference reads it:
 //! instructions, option descriptions and score levels may be any JSON value (rendered as
 //! compact sorted JSON), score criteria may also be an object (its keys are the levels) or a
 //! string (its characters are), noul criteria an object with any other keys (ignored) or a falsy
@@ -6,6 +6,9 @@
 //! than `crate::request::validate` checks, so every body it forbids is refused (422) — the
 //! schemathesis run's `negative_data_rejection` — and what is refused beyond it (an empty id
 //! without instructions, images that are not pictures, over-long prompts) is documented as 422.
+//! `tests/contract_agreement.rs` holds the two to each other mechanically: generated and
+//! mutated bodies pass this schema (through a JSON Schema validator) exactly when they pass
+//! `validate`.
 
 use indexmap::IndexMap;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};

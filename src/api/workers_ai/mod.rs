@@ -44,7 +44,7 @@ pub const ROUTES: [&str; 2] = [
 /// The request id header Workers AI answers with.
 pub const REQUEST_ID_HEADER: &str = "cf-ai-req-id";
 
-/// Workers AI's error codes (spec/systemone-api.md §1.5).
+/// Workers AI's error codes (the hosted API's documentation).
 mod code {
     pub const MALFORMED: u32 = 6003;
     pub const NOT_A_REQUEST: u32 = 5006;
@@ -68,7 +68,7 @@ pub struct Refusal {
 /// The hosted status and code of an error. `structural` marks the reference's own checks of
 /// the body's shape (no questions, an unknown type, a missing field: 400/5006 there), as
 /// against the hosted rules (422/5012). The table, Workers AI's codes of
-/// spec/systemone-api.md §1.5: malformed JSON 400/6003; not a request 400/5006; a hosted rule
+/// the hosted API's documentation: malformed JSON 400/6003; not a request 400/5006; a hosted rule
 /// 422/5012; too long (tokens or bytes) 413/5021; unknown model 400/7000; another account
 /// 404/7003; authentication 401/10000; busy 429/3040 (503/3040 shutting down); else 500/5000.
 pub fn refusal(e: &RequestError, structural: bool) -> Refusal {

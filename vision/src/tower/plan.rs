@@ -1,5 +1,5 @@
 //! The vision tower's tensor-parallel plan as data, like the text backbone's (spec
-//! qwen35-backbone.md §11, spec/tenstorrent.md §4): every block's fused `qkv` and `fc1` are
+//! qwen35-backbone.md §11, Tenstorrent's documentation): every block's fused `qkv` and `fc1` are
 //! column-parallel (each device owns whole attention heads and a block of MLP channels), `proj`
 //! and `fc2` row-parallel with an f32 all-reduce; the patch embedding is row-parallel over the
 //! pixel values (the host uploads each device its block of them); the merger's `fc1` is

@@ -1,5 +1,5 @@
 """The backend (clef_tt::Backend of ffi/shim/backend.hpp): the ttnn version check, visible
-chips, and opening meshes exactly as the Tenstorrent port does (spec/tenstorrent.md §1.2):
+chips, and opening meshes exactly as the Tenstorrent port does (Tenstorrent's documentation):
 
 - `ttnn.set_fabric_config(FABRIC_1D)` once per process before the first mesh opens; reference
   counted over open meshes and parents, `DISABLED` again after the last one closed;
