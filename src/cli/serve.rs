@@ -286,11 +286,13 @@ fn host_limits(o: &ServeOptions) -> HostLimits {
     }
 }
 
+/// The model card of `/v1/models`; `packing` is the engine's (off where the mesh cannot pack).
 fn card(
     o: &ServeOptions,
     ckpt: &Checkpoint,
     limits: &HostLimits,
     cache: &PrefixCachePlan,
+    packing: &Packing,
 ) -> serde_json::Value {
     let name = o.model_names.first().cloned().unwrap_or_else(|| {
         if o.is_default_model {
@@ -339,8 +341,8 @@ fn card(
         "limits": {
             "max_state_tokens": max_state, "max_tail_tokens": max_tail,
             "truncate_states": truncate, "max_queue": o.max_queue,
-            "pack_tokens": o.packing.tokens, "pack_max_requests": o.packing.max_jobs,
-            "pack_wait_ms": o.packing.wait.as_millis() as u64,
+            "pack_tokens": packing.tokens, "pack_max_requests": packing.max_jobs,
+            "pack_wait_ms": packing.wait.as_millis() as u64,
             "max_body_bytes": o.max_body_bytes, "max_questions": limits.max_questions,
             "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
             "max_id_chars": limits.max_id_chars, "strict": limits.strict,
@@ -592,7 +594,7 @@ where
         None
     };
     let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout, o.packing);
-    let card = card(o, &ckpt, &limits, &cache_plan);
+    let card = card(o, &ckpt, &limits, &cache_plan, &engine.packing);
     let settings = server_settings(o, &ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);
     stop.serving.store(true, Ordering::SeqCst);

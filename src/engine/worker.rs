@@ -63,6 +63,8 @@ pub struct Engine {
     pub capacity: usize,
     /// The device deadline and, once a worker missed it, why.
     pub deadline: Arc<DeviceDeadline>,
+    /// How the workers pack jobs: as asked, or off where the mesh cannot.
+    pub packing: Packing,
 }
 
 /// How workers pack queued jobs into shared prefill passes.
@@ -130,14 +132,15 @@ impl Engine {
         if packing.tokens > 0 && !packs_rows {
             tracing::info!("packing is off: this device backend does not run packed passes");
         }
+        let packing = match packs_rows && packing.tokens > 0 {
+            true => packing,
+            false => Packing::OFF,
+        };
         let context = WorkerContext {
             rx: rx.clone(),
             stats: stats.clone(),
             deadline: deadline.clone(),
-            packing: match packs_rows && packing.tokens > 0 {
-                true => packing,
-                false => Packing::OFF,
-            },
+            packing,
             workers,
         };
         for (i, pipeline) in pipelines.into_iter().enumerate() {
@@ -152,6 +155,7 @@ impl Engine {
             workers,
             capacity: capacity.max(1),
             deadline,
+            packing,
         }
     }
 
