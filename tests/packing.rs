@@ -170,16 +170,9 @@ fn packed_goldens_are_bitwise_their_solo_answers_under_bf16() {
     packed_equals_solo("bf16", MeshShape::PAIR, 3);
 }
 
-/// A state of roughly `words` words, different per `seed` (as in tests/prefix_cache.rs).
+/// A state of roughly `words` words, different per `seed`.
 fn state(words: usize, seed: usize) -> String {
-    const WORDS: [&str; 12] = [
-        "ticket", "customer", "refund", "outage", "invoice", "login", "urgent", "billing", "team",
-        "error", "payment", "server",
-    ];
-    (0..words)
-        .map(|i| WORDS[(i * 7 + seed * 5 + i / 13) % WORDS.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
+    common::state_words(words, seed)
 }
 
 fn request(words: usize, seed: usize, set: usize) -> SystemOneRequest {

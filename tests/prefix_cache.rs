@@ -49,16 +49,9 @@ fn pipeline_on<B: MeshOps>(mesh: B, slots: usize) -> (Pipeline<B>, Arc<PrefixCac
     (p, stats)
 }
 
-/// A state of roughly `words` words (about one token each), different per `seed`.
+/// A state of roughly `words` words, different per `seed`.
 fn state(words: usize, seed: usize) -> String {
-    const WORDS: [&str; 12] = [
-        "ticket", "customer", "refund", "outage", "invoice", "login", "urgent", "billing", "team",
-        "error", "payment", "server",
-    ];
-    (0..words)
-        .map(|i| WORDS[(i * 7 + seed * 5 + i / 13) % WORDS.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
+    common::state_words(words, seed)
 }
 
 fn questions(set: usize) -> Value {

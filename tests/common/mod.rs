@@ -138,3 +138,16 @@ pub fn max_rel_row_error(got: &[f32], want: &[f32], cols: usize) -> f32 {
         })
         .fold(0.0f32, f32::max)
 }
+
+/// A state of roughly `words` words (about one token each), different per `seed`: the
+/// prefix-cache and packing tests' long states.
+pub fn state_words(words: usize, seed: usize) -> String {
+    const WORDS: [&str; 12] = [
+        "ticket", "customer", "refund", "outage", "invoice", "login", "urgent", "billing", "team",
+        "error", "payment", "server",
+    ];
+    (0..words)
+        .map(|i| WORDS[(i * 7 + seed * 5 + i / 13) % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
