@@ -113,8 +113,9 @@ fn serve_on_the_tt_device_answers_the_goldens_as_the_cpu_device_does() {
     assert_eq!(usage["device_ids"], serde_json::json!([0, 1]));
     assert!(usage["bytes_in_use"][1].as_u64().unwrap() > 0);
     assert!(usage["live_tensors"].as_u64().unwrap() > 0);
-    // Packing is shown as it runs: the tt backend does not pack yet (its default budget is
-    // one chunk), and the CPU's default is off.
+    // Packing is shown as it runs: the host shim runs no batched layer ops (only the ttnn
+    // backend does, `batch_cores` in its description), so this mesh cannot pack; the CPU's
+    // default is off.
     assert_eq!(card["limits"]["pack_tokens"], 0);
     let cpu_card = get_json(&agent, &format!("{cpu_base}/v1/models"));
     assert_eq!(cpu_card["models"][0]["device"], "cpu");

@@ -17,6 +17,11 @@
 //! reference's own f32 and bf16 runs put further apart than the band (a logit tie at bf16
 //! resolution, tests/goldens.rs) may sit within the band of either run.
 //!
+//! Packed requests (docs/packing.md): `tiny-clef-g27`'s text goldens, answered again in packs of
+//! 4 through `Pipeline::decide_pack`, run as batched passes (the layer ops over a batch of
+//! padded blocks) and must stay in the same band; `tiny-clef`'s, whose shapes the layer ops do
+//! not take, must be refused as a batch and answered one by one, in the band.
+//!
 //! Each check runs in a child process of this test binary (the embedded CPython reads its
 //! environment once per process): `child_scores_the_goldens` does the work when
 //! `CLEF_TT_GOLDEN_CHILD` names the profiles, and passes at once otherwise. Children run one
@@ -188,8 +193,8 @@ fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
     // The `selected` profile's media goldens are scored and reported, not held to the band: its
     // bfp8_b vision tower leaves it on the CPU mesh too (img_wide_1024x96_text: 0.061), and
     // tests/media.rs holds only the bf16 profile's media goldens to it.
-    let spec = "bf16:goldens,goldens-media;selected:goldens,goldens-media~;\
-                tiny-clef-g27/bf16:goldens,goldens-media;tiny-clef-g27/selected:goldens";
+    let spec = "bf16:goldens,goldens-media,goldens+-;selected:goldens,goldens-media~;\
+                tiny-clef-g27/bf16:goldens,goldens-media,goldens+;tiny-clef-g27/selected:goldens";
     let first_log = scratch("plain").join("first-attempt-output.txt");
     // An earlier run's first attempt is not this run's.
     let _ = std::fs::remove_file(&first_log);
@@ -285,16 +290,57 @@ fn argmax(v: &[f64]) -> usize {
         .unwrap_or(0)
 }
 
+/// The goldens' decisions through `Pipeline::decide_pack`, in packs of `PACK` in file order,
+/// by id (a request the parser or validator refuses is left out: it never reaches a worker).
+fn packed_decisions<B: clef_device::MeshOps>(
+    pipeline: &clef_tt::engine::Pipeline<B>,
+    dir: &str,
+) -> std::collections::HashMap<String, Result<clef_tt::engine::Decision, String>> {
+    const PACK: usize = 4;
+    let requests = jsonl(dir, "requests.jsonl");
+    let mut jobs = Vec::new();
+    for exp in jsonl(dir, "expected_bf16.jsonl") {
+        if exp["entry"] != "systemone" || exp["status"] != "ok" {
+            continue;
+        }
+        let req = requests.iter().find(|r| r["id"] == exp["id"]).unwrap();
+        let body = req["body"].as_str().unwrap().as_bytes();
+        let Ok(valid) = clef_tt::request::parse_body(body)
+            .and_then(|parsed| clef_tt::request::validate(&parsed, None))
+        else {
+            continue;
+        };
+        let rule = LengthRule::Reference {
+            max_length: exp["max_length"].as_u64().unwrap() as usize,
+        };
+        jobs.push((exp["id"].as_str().unwrap().to_string(), valid, rule));
+    }
+    let mut out = std::collections::HashMap::new();
+    for pack in jobs.chunks(PACK) {
+        let members: Vec<_> = pack.iter().map(|(_, r, rule)| (r, *rule)).collect();
+        pipeline.decide_pack(&members, 4096, &|_| false, &mut |i, r| {
+            out.insert(pack[i].0.clone(), r.map_err(|e| e.to_string()));
+        });
+    }
+    out
+}
+
 /// Every `status: ok` golden of `dir` through `pipeline`: (records, worst difference, failures);
-/// `first_failure` stops after the first record outside the band.
+/// `first_failure` stops after the first record outside the band. `packed`: the decisions of
+/// [`packed_decisions`] instead of one request at a time.
 fn score<B: clef_device::MeshOps>(
     pipeline: &clef_tt::engine::Pipeline<B>,
     dir: &str,
     label: &str,
     first_failure: bool,
+    packed: bool,
 ) -> (usize, f64, Vec<String>) {
     let requests = jsonl(dir, "requests.jsonl");
     let f32_runs = jsonl(dir, "expected_f32.jsonl");
+    let mut packs = match packed {
+        true => packed_decisions(pipeline, dir),
+        false => Default::default(),
+    };
     let (mut answered, mut worst, mut failures) = (0, 0.0f64, Vec::new());
     for exp in jsonl(dir, "expected_bf16.jsonl") {
         let id = exp["id"].as_str().unwrap();
@@ -307,14 +353,21 @@ fn score<B: clef_device::MeshOps>(
         };
         // An error or other input ids is a failure of this record; the others are still scored,
         // so one run shows every record that fails and why.
-        let decided =
-            match pipeline.decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None) {
-                Err(e) => Err(format!("{label} {id}: error: {e}")),
-                Ok(d) if serde_json::json!(d.record.input_ids) != exp["input_ids"] => Err(format!(
-                    "{label} {id}: input ids differ from the reference's"
-                )),
-                Ok(d) => Ok(d),
-            };
+        let decision = match packed {
+            true => packs
+                .remove(id)
+                .unwrap_or_else(|| Err("not answered in its pack".into())),
+            false => pipeline
+                .decide_body(req["body"].as_str().unwrap().as_bytes(), rule, None)
+                .map_err(|e| e.to_string()),
+        };
+        let decided = match decision {
+            Err(e) => Err(format!("{label} {id}: error: {e}")),
+            Ok(d) if serde_json::json!(d.record.input_ids) != exp["input_ids"] => Err(format!(
+                "{label} {id}: input ids differ from the reference's"
+            )),
+            Ok(d) => Ok(d),
+        };
         let d = match decided {
             Ok(d) => d,
             Err(why) => {
@@ -378,8 +431,11 @@ fn score<B: clef_device::MeshOps>(
 
 /// The child's body (see the module docs): `CLEF_TT_GOLDEN_CHILD` is
 /// `[FIXTURE/]PROFILE:DIR,DIR;...` (FIXTURE a folder of tests/fixtures, `tiny-clef` if none), a
-/// DIR ending in `~` scored and reported but not held to the band. Fails at the end if any
-/// golden held to the band was outside it (with a mutation: at the first).
+/// DIR ending in `~` scored and reported but not held to the band. A DIR ending in `+` is scored
+/// through packs of 4 (`decide_pack`), which must run as batched passes on the mesh; `+-`, the
+/// same packs, which the mesh must refuse to batch for the model's shapes (they then run one by
+/// one). Fails at the end if any golden held to the band was outside it, or a pack ran other
+/// than required (with a mutation: at the first).
 #[test]
 fn child_scores_the_goldens() {
     let Ok(spec) = std::env::var(CHILD) else {
@@ -401,13 +457,43 @@ fn child_scores_the_goldens() {
                 Some(d) => (d, false),
                 None => (dir, true),
             };
+            let (dir, batched) = match (dir.strip_suffix("+-"), dir.strip_suffix('+')) {
+                (Some(d), _) => (d, Some(false)),
+                (None, Some(d)) => (d, Some(true)),
+                (None, None) => (dir, None),
+            };
             let set = dir.trim_start_matches("goldens").trim_start_matches('-');
             let label = format!(
-                "{fixture_label}{profile} {}",
-                if set.is_empty() { "text" } else { set }
+                "{fixture_label}{profile} {}{}",
+                if set.is_empty() { "text" } else { set },
+                if batched.is_some() { " packed" } else { "" }
             );
-            let (answered, worst, bad) =
-                score(&pipeline, &format!("{fixture}/{dir}"), &label, mutated);
+            let (answered, worst, mut bad) = score(
+                &pipeline,
+                &format!("{fixture}/{dir}"),
+                &label,
+                mutated,
+                batched.is_some(),
+            );
+            if let Some(want) = batched {
+                // A refused batch turns the pipeline's packing off for good.
+                let ran = pipeline.packs();
+                println!(
+                    "golden-shadow {label}: packs {}",
+                    if ran {
+                        "ran as batched passes"
+                    } else {
+                        "refused, run one by one"
+                    }
+                );
+                if ran != want {
+                    bad.push(format!(
+                        "{label}: packs were {} a batch, expected {}",
+                        if ran { "run as" } else { "refused as" },
+                        if want { "batched passes" } else { "a refusal" }
+                    ));
+                }
+            }
             println!(
                 "golden-shadow {label}: {answered} records, worst probability difference \
                  {worst:.4}, {} outside the band{}",

@@ -26,7 +26,7 @@ pub use mesh::MeshShape;
 pub use numerics::{Fidelity, Numerics};
 pub use ops::{
     AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu,
-    MeshOps, MlpLayer, RopeSpec, RuntimeCalls,
+    MeshOps, MlpLayer, RopeSpec, RowBatch, RuntimeCalls,
 };
 
 /// Result type of the device layer.

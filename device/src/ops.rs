@@ -122,6 +122,40 @@ pub struct DeltaNetLayer<'a, T, W> {
     pub all_reduce: bool,
 }
 
+/// A batched pass ([`MeshOps::attention_layer_batched`], [`MeshOps::delta_net_layer_batched`]):
+/// fresh requests (no cache, no carried state) in blocks of `each` rows, request `i`'s
+/// `lengths[i]` rows at the front of block `i` and at least [`RowBatch::pad_rows`] rows after
+/// them. The mixers run over a batch of blocks, every row-wise op over all rows once. Its
+/// mixers leave no state: a batched request does not continue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowBatch {
+    pub lengths: Vec<usize>,
+    pub each: usize,
+}
+
+impl RowBatch {
+    /// Rows a block keeps after its request: the conv's history, so that the next block's
+    /// conv starts from zeros.
+    pub fn pad_rows(conv_kernel: usize) -> usize {
+        conv_kernel.saturating_sub(1)
+    }
+
+    /// The batch of `lengths`: blocks of the longest plus the pad rows, to a multiple of 32
+    /// rows (a tile).
+    pub fn of(lengths: &[usize], conv_kernel: usize) -> Self {
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        RowBatch {
+            lengths: lengths.to_vec(),
+            each: (longest + Self::pad_rows(conv_kernel)).div_ceil(32) * 32,
+        }
+    }
+
+    /// Rows of the whole pass.
+    pub fn rows(&self) -> usize {
+        self.each * self.lengths.len()
+    }
+}
+
 /// A whole MLP sublayer: the post-attention norm, gate|up, SwiGLU, down, its all-reduce and the
 /// residual add.
 pub struct MlpLayer<'a, T, W> {
@@ -353,6 +387,34 @@ pub trait MeshOps: Sync {
             op: "concat_rows",
             backend: self.backend_name(),
         })
+    }
+
+    /// Requests a batched pass may hold for DeltaNet layers of `spec` (per device, as the
+    /// layer ops take it); 0 or 1: the backend runs no batched passes.
+    fn batch_limit(&self, spec: &DeltaNetSpec) -> usize {
+        let _ = spec;
+        0
+    }
+    /// An attention sublayer of a batched pass in one call (`layer.h` of `batch.rows()` rows,
+    /// `layer.positions` one block's: `0..each`, no cache): the new residual stream; `None`
+    /// when the backend does not run it for these shapes.
+    fn attention_layer_batched(
+        &self,
+        layer: &AttentionLayer<'_, Self::Tensor, Self::Weight>,
+        batch: &RowBatch,
+    ) -> Option<Result<Self::Tensor>> {
+        let _ = (layer, batch);
+        None
+    }
+    /// A DeltaNet sublayer of a batched pass in one call (no carried state): the new residual
+    /// stream; `None` when the backend does not run it for these shapes.
+    fn delta_net_layer_batched(
+        &self,
+        layer: &DeltaNetLayer<'_, Self::Tensor, Self::Weight>,
+        batch: &RowBatch,
+    ) -> Option<Result<Self::Tensor>> {
+        let _ = (layer, batch);
+        None
     }
 
     /// An attention sublayer in one call: the new residual stream, keys and values; `None` when

@@ -17,8 +17,80 @@ type Prevs<'a, 'b, T> = &'b [Prev<'a, T>];
 
 impl<B: MeshOps> Backbone<B> {
     /// Whether layer `i`'s row-parallel outputs are all-reduced.
-    fn all_reduces(&self, i: usize) -> bool {
+    pub(super) fn all_reduces(&self, i: usize) -> bool {
         self.plan.layers[i].reduce == Collective::AllReduce
+    }
+
+    /// Layer `i`'s attention sublayer as a layer op over `h`, continuing `cache` (its keys and
+    /// values); `None` for a DeltaNet layer.
+    pub(super) fn attention_op<'a>(
+        &'a self,
+        i: usize,
+        h: &'a B::Tensor,
+        lw: &'a LayerWeights<B::Weight>,
+        cache: Option<(&'a B::Tensor, &'a B::Tensor)>,
+        positions: &'a [[u32; 3]],
+    ) -> Option<AttentionLayer<'a, B::Tensor, B::Weight>> {
+        let MixerWeights::Attention {
+            qkv,
+            q_norm,
+            k_norm,
+            o_proj,
+        } = &lw.mixer
+        else {
+            return None;
+        };
+        let spec = self.attention_spec();
+        Some(AttentionLayer {
+            h,
+            norm: &lw.input_norm,
+            qkv,
+            q_norm,
+            k_norm,
+            o_proj,
+            cache,
+            positions,
+            spec,
+            rope: self.rope_spec(spec.heads),
+            eps: self.config.rms_norm_eps,
+            all_reduce: self.all_reduces(i),
+        })
+    }
+
+    /// Layer `i`'s DeltaNet sublayer as a layer op over `h`, continuing `carried` (its conv
+    /// carry and recurrent state); `None` for an attention layer.
+    pub(super) fn delta_net_op<'a>(
+        &'a self,
+        i: usize,
+        h: &'a B::Tensor,
+        lw: &'a LayerWeights<B::Weight>,
+        carried: Option<(&'a B::Tensor, &'a B::Tensor)>,
+    ) -> Option<DeltaNetLayer<'a, B::Tensor, B::Weight>> {
+        let MixerWeights::DeltaNet {
+            in_proj,
+            conv,
+            a_log,
+            dt_bias,
+            norm,
+            out_proj,
+        } = &lw.mixer
+        else {
+            return None;
+        };
+        Some(DeltaNetLayer {
+            h,
+            norm: &lw.input_norm,
+            in_proj,
+            conv,
+            a_log,
+            dt_bias,
+            gated_norm: norm,
+            out_proj,
+            carried,
+            spec: self.delta_spec(),
+            eps: self.config.rms_norm_eps,
+            all_reduce: self.all_reduces(i),
+        })
     }
 
     /// Layer `i`'s input norm (fine path), traced.
@@ -53,7 +125,6 @@ impl<B: MeshOps> Backbone<B> {
         trace: &mut TraceFn,
     ) -> Result<Mixed<B::Tensor>, PrefillError> {
         let m = &self.mesh;
-        let eps = self.config.rms_norm_eps;
         let wrong = |what: &str| {
             PrefillError::State(format!(
                 "layer {i}: a {what} state for a layer of another kind"
@@ -74,24 +145,9 @@ impl<B: MeshOps> Backbone<B> {
                         Some(_) => Err(wrong("DeltaNet")),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                let spec = self.attention_spec();
                 if let (true, [cache]) = (layer_ops, &caches[..]) {
-                    let cache = *cache;
-                    let layer = AttentionLayer {
-                        h,
-                        norm: &lw.input_norm,
-                        qkv,
-                        q_norm,
-                        k_norm,
-                        o_proj,
-                        cache,
-                        positions,
-                        spec,
-                        rope: self.rope_spec(spec.heads),
-                        eps,
-                        all_reduce: self.all_reduces(i),
-                    };
-                    if let Some(done) = m.attention_layer(&layer) {
+                    let op = self.attention_op(i, h, lw, *cache, positions);
+                    if let Some(done) = op.and_then(|layer| m.attention_layer(&layer)) {
                         let [h, keys, values] = done?;
                         return Ok((h, vec![LayerState::Attention { keys, values }]));
                     }
@@ -125,22 +181,8 @@ impl<B: MeshOps> Backbone<B> {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 if let (true, [carried]) = (layer_ops, &carried[..]) {
-                    let carried = *carried;
-                    let layer = DeltaNetLayer {
-                        h,
-                        norm: &lw.input_norm,
-                        in_proj,
-                        conv,
-                        a_log,
-                        dt_bias,
-                        gated_norm: norm,
-                        out_proj,
-                        carried,
-                        spec: self.delta_spec(),
-                        eps,
-                        all_reduce: self.all_reduces(i),
-                    };
-                    if let Some(done) = m.delta_net_layer(&layer) {
+                    let op = self.delta_net_op(i, h, lw, *carried);
+                    if let Some(done) = op.and_then(|layer| m.delta_net_layer(&layer)) {
                         let [h, conv, recurrent] = done?;
                         return Ok((h, vec![LayerState::DeltaNet { conv, recurrent }]));
                     }

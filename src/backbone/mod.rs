@@ -7,6 +7,8 @@
 //! recurrent state of the DeltaNet layers) and returns the state at its end, so a prompt can be
 //! computed as a prefix pass and a tail pass.
 
+mod batched;
+pub use batched::Batched;
 mod layer;
 pub mod plan;
 mod weights;

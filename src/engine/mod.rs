@@ -118,6 +118,9 @@ pub struct Pipeline<B: MeshOps> {
     /// `None`: media requests are refused.
     vision: Option<(VisionTower<B>, MediaTokens)>,
     media_limits: MediaLimits,
+    /// Set when the mesh refused a batched pass for this model's shapes (packing.rs): packs
+    /// run their requests one by one from then on.
+    batch_refused: std::sync::atomic::AtomicBool,
 }
 
 /// What a media prompt adds to its token ids: the rows that replace the pad embeddings, in
@@ -205,6 +208,7 @@ impl<B: MeshOps> Pipeline<B> {
             device_fault: None,
             vision,
             media_limits: MediaLimits::default(),
+            batch_refused: Default::default(),
         })
     }
 

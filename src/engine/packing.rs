@@ -1,12 +1,15 @@
 //! Packed prefill passes: several short requests a worker took together run through the
-//! backbone as one pass (`Backbone::prefill_segments`), so every weight is read once for all of
-//! them, and each request's answer is exactly what it would have been alone.
+//! backbone as one pass, so every weight is read once for all of them, and each request's
+//! answer is exactly what it would have been alone. The pass is one of row segments on a mesh
+//! that packs rows (`Backbone::prefill_segments`: the CPU), or a batch of whole text prompts in
+//! padded blocks on one that runs batched layer ops (`Backbone::prefill_batched`: ttnn); a mesh
+//! that refuses a batch for the model's shapes runs the pack's requests one by one.
 //!
 //! A worker hands [`Pipeline::decide_pack`] the jobs it took. Each is prepared on its own
 //! (validation, media, vision tower, encoding: a failure there answers that request and it
 //! never enters a pass). Requests are then grouped in arrival order into packs of at most
-//! `budget` prompt tokens; one longer than the budget, or with a piece longer than a prefill
-//! chunk, runs alone, chunked as always.
+//! `budget` prompt tokens (in a batched pass, rows of the padded blocks); one longer than the
+//! budget, or with a piece longer than a prefill chunk, runs alone, chunked as always.
 //!
 //! A request runs as the same pieces it runs alone (`Pipeline::run_model`): the whole prompt,
 //! or with the prefix cache on, the prefix `[0, P)` and the tail `[P, T)`. A pack runs in two
@@ -22,14 +25,39 @@ use super::{
     cancelled_error, fail, injected_device_fault, Decision, ModelRows, Pipeline, Prepared,
     PREFILL_CHUNK,
 };
-use crate::backbone::{PrefillError, PrefillState, Segment};
+use crate::backbone::{Batched, PrefillError, PrefillState, Segment};
 use crate::encode::LengthRule;
 use crate::request::{RequestError, SystemOneRequest};
 use clef_device::{HostTensor, MeshOps};
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 type Slot<B> = Arc<PrefixSlot<PrefillState<<B as MeshOps>::Tensor>, crate::head::HeadMemory>>;
+type State<B> = PrefillState<<B as MeshOps>::Tensor>;
+/// One piece's member, final rows and state (none from a batched pass).
+type PieceRows<B> = (usize, Vec<f32>, Option<State<B>>);
+/// A pass's final rows (all pieces in order) and each piece's state.
+type PiecesRows<B> = (HostTensor, Vec<Option<State<B>>>);
+
+/// How this pipeline's mesh packs requests.
+#[derive(Clone, Copy)]
+enum PackForm {
+    Off,
+    /// Row segments of any length in one pass (`MeshOps::packs_rows`: the CPU).
+    Segments,
+    /// A batch of at most this many whole text prompts (`MeshOps::batch_limit`: ttnn).
+    Batch(usize),
+}
+
+impl PackForm {
+    fn max_requests(self) -> usize {
+        match self {
+            PackForm::Batch(n) => n,
+            _ => usize::MAX,
+        }
+    }
+}
 
 /// How a packed request's prompt is computed, as `run_model` would compute it alone.
 enum Plan<B: MeshOps> {
@@ -74,7 +102,7 @@ impl<B: MeshOps> Pipeline<B> {
         cancelled: &dyn Fn(usize) -> bool,
         done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
     ) {
-        let packs_rows = self.backbone.mesh().packs_rows();
+        let form = self.pack_form();
         // Groups in arrival order: a pack (several jobs) or a job alone.
         let mut groups: Vec<Vec<(usize, Prepared)>> = Vec::new();
         let mut open: Vec<(usize, Prepared)> = Vec::new();
@@ -93,13 +121,29 @@ impl<B: MeshOps> Pipeline<B> {
                 }
             };
             let t = prepared.record.input_ids.len();
-            if !packs_rows || t > budget || !self.fits_one_pass(&prepared) {
+            let packable = match form {
+                PackForm::Off => false,
+                PackForm::Segments => true,
+                // A batched pass takes whole text prompts only (it leaves no state to cache).
+                PackForm::Batch(_) => prepared.vision.is_none() && self.cut(&prepared).is_none(),
+            };
+            if !packable || t > budget || !self.fits_one_pass(&prepared) {
                 groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
                 open_tokens = 0;
                 groups.push(vec![(i, prepared)]);
                 continue;
             }
-            if open_tokens + t > budget {
+            // The pass's rows: its prompts, or in a batch their padded blocks.
+            let over = match form {
+                PackForm::Batch(_) => {
+                    let mut lengths: Vec<usize> =
+                        open.iter().map(|(_, p)| p.record.input_ids.len()).collect();
+                    lengths.push(t);
+                    self.backbone.batch_rows(&lengths) > budget
+                }
+                _ => open_tokens + t > budget,
+            };
+            if over || open.len() >= form.max_requests() {
                 groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
                 open_tokens = 0;
             }
@@ -117,6 +161,22 @@ impl<B: MeshOps> Pipeline<B> {
             } else {
                 self.run_pack(jobs, group, cancelled, done);
             }
+        }
+    }
+
+    /// Whether this pipeline packs requests at all (its mesh packs row segments or runs
+    /// batched passes, and has not refused a batch for this model's shapes).
+    pub fn packs(&self) -> bool {
+        !matches!(self.pack_form(), PackForm::Off)
+    }
+
+    fn pack_form(&self) -> PackForm {
+        if self.backbone.mesh().packs_rows() {
+            return PackForm::Segments;
+        }
+        match self.backbone.batch_limit() {
+            n if n >= 2 && !self.batch_refused.load(Ordering::Relaxed) => PackForm::Batch(n),
+            _ => PackForm::Off,
         }
     }
 
@@ -214,6 +274,7 @@ impl<B: MeshOps> Pipeline<B> {
             let Some(m) = live[k].as_mut() else {
                 continue;
             };
+
             let t = m.prepared.record.input_ids.len();
             let rows = match &m.plan {
                 Plan::Whole(cache) => ModelRows {
@@ -229,6 +290,14 @@ impl<B: MeshOps> Pipeline<B> {
                     cache: CacheUse::Hit,
                 },
                 Plan::Miss(key, p) => {
+                    let Some(state) = state else {
+                        // Not reachable: a batched pass (no state) holds whole prompts only.
+                        if let Some(m) = live[k].take() {
+                            let e = RequestError::internal("a batched pass left no state to cache");
+                            done(m.job, Err(e));
+                        }
+                        continue;
+                    };
                     let memory = self.head.memory(&hidden, *p);
                     let bytes = self.backbone.state_bytes(&state) + memory.bytes();
                     let slot = PrefixSlot {
@@ -327,17 +396,16 @@ impl<B: MeshOps> Pipeline<B> {
 
     /// One pass over `pieces`: requests whose client left, or whose rows cannot be built, are
     /// answered and dropped first; a failed pass answers every request in it. Returns each
-    /// piece's member, final rows and state.
+    /// piece's member, final rows and state (none from a batched pass).
     fn pack_pass(
         &self,
         live: &mut [Option<Member<B>>],
         pieces: Vec<Piece<B>>,
         cancelled: &dyn Fn(usize) -> bool,
         done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
-    ) -> Vec<(usize, Vec<f32>, PrefillState<B::Tensor>)> {
-        let mut rows: Vec<f32> = Vec::new();
-        let mut positions: Vec<[u32; 3]> = Vec::new();
-        let mut segments: Vec<Segment<B::Tensor>> = Vec::new();
+    ) -> Vec<PieceRows<B>> {
+        let mut inputs: Vec<(HostTensor, Vec<[u32; 3]>)> = Vec::new();
+        let mut starts: Vec<Option<&PrefillState<B::Tensor>>> = Vec::new();
         let mut members: Vec<(usize, usize)> = Vec::new();
         let mut dropped: Vec<(usize, RequestError)> = Vec::new();
         for piece in &pieces {
@@ -350,13 +418,9 @@ impl<B: MeshOps> Pipeline<B> {
             }
             let ids = &m.prepared.record.input_ids;
             match self.piece_input(ids, m.prepared.vision.as_ref(), piece.range.clone()) {
-                Ok((embedded, pos)) => {
-                    rows.extend_from_slice(&embedded.data);
-                    positions.extend(pos);
-                    segments.push(Segment {
-                        rows: piece.range.len(),
-                        start: piece.start.as_ref().map(|s| &s.state),
-                    });
+                Ok(input) => {
+                    inputs.push(input);
+                    starts.push(piece.start.as_ref().map(|s| &s.state));
                     members.push((piece.member, piece.range.len()));
                 }
                 Err(e) => dropped.push((piece.member, fail(e))),
@@ -367,21 +431,18 @@ impl<B: MeshOps> Pipeline<B> {
                 done(m.job, Err(e));
             }
         }
-        if segments.is_empty() {
+        if inputs.is_empty() {
             return Vec::new();
         }
-        let n = segments.len();
-        let embedded = HostTensor::new(positions.len(), self.hidden, rows);
+        let n = inputs.len();
         let faulty = members
             .iter()
             .any(|&(k, _)| live[k].as_ref().is_some_and(|m| m.prepared.device_fault));
-        let result: Result<_, PrefillError> = match faulty {
+        let result = match faulty {
             true => Err(injected_device_fault()),
-            false => self
-                .backbone
-                .prefill_segments(&embedded, &positions, &segments, None),
+            false => self.prefill_pieces(&inputs, &starts),
         };
-        drop(segments);
+        drop(starts);
         let (hidden, states) = match result {
             Ok(r) => r,
             Err(e) => {
@@ -405,5 +466,66 @@ impl<B: MeshOps> Pipeline<B> {
             from += len;
         }
         out
+    }
+
+    /// The pieces' final rows (in order) and states: one pass of row segments, or one batched
+    /// pass (no states); where the mesh refuses the batch for this model's shapes, each piece
+    /// alone, and no batch again.
+    fn prefill_pieces(
+        &self,
+        inputs: &[(HostTensor, Vec<[u32; 3]>)],
+        starts: &[Option<&PrefillState<B::Tensor>>],
+    ) -> Result<PiecesRows<B>, PrefillError> {
+        if self.backbone.mesh().packs_rows() {
+            let mut rows = Vec::new();
+            let mut positions = Vec::new();
+            for (e, p) in inputs {
+                rows.extend_from_slice(&e.data);
+                positions.extend_from_slice(p);
+            }
+            let segments: Vec<Segment<B::Tensor>> = inputs
+                .iter()
+                .zip(starts)
+                .map(|((e, _), &start)| Segment {
+                    rows: e.rows,
+                    start,
+                })
+                .collect();
+            let embedded = HostTensor::new(positions.len(), self.hidden, rows);
+            let (hidden, states) = self
+                .backbone
+                .prefill_segments(&embedded, &positions, &segments, None)?;
+            return Ok((hidden, states.into_iter().map(Some).collect()));
+        }
+        if starts.iter().all(Option::is_none) {
+            let batch: Vec<(&HostTensor, &[[u32; 3]])> =
+                inputs.iter().map(|(e, p)| (e, p.as_slice())).collect();
+            match self.backbone.prefill_batched(&batch)? {
+                Batched::Rows(hidden) => {
+                    return Ok((hidden, inputs.iter().map(|_| None).collect()))
+                }
+                Batched::Refused => {
+                    if !self.batch_refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "the device refused a batched pass for this model's shapes: \
+                             packed requests run one by one from now on"
+                        );
+                    }
+                }
+            }
+        }
+        let mut rows = Vec::new();
+        let mut states = Vec::with_capacity(inputs.len());
+        for ((embedded, positions), &start) in inputs.iter().zip(starts) {
+            let (hidden, state) = self
+                .backbone
+                .prefill_embedded(embedded, positions, start, None)?;
+            rows.extend_from_slice(&hidden.data);
+            states.push(Some(state));
+        }
+        Ok((
+            HostTensor::new(rows.len() / self.hidden, self.hidden, rows),
+            states,
+        ))
     }
 }

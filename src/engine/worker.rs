@@ -102,7 +102,7 @@ impl Engine {
     /// once by every worker before it counts as ready. The pipelines should share one
     /// [`PrefixCacheStats`] (see [`Pipeline::with_prefix_cache`]). `device_timeout`: the
     /// device deadline (`deadline.rs`; `None`: none, no watchdog). `packing`: how workers pack
-    /// jobs (off where the pipelines' mesh cannot: [`MeshOps::packs_rows`]).
+    /// jobs (off where the pipelines cannot: [`Pipeline::packs`]).
     pub fn start<B: MeshOps + Send + 'static>(
         pipelines: Vec<Pipeline<B>>,
         capacity: usize,
@@ -128,11 +128,11 @@ impl Engine {
             *usage = vec![None; workers];
         }
         let deadline = Arc::new(DeviceDeadline::new(workers, device_timeout));
-        let packs_rows = pipelines.iter().all(|p| p.backbone.mesh().packs_rows());
-        if packing.tokens > 0 && !packs_rows {
+        let packs = pipelines.iter().all(|p| p.packs());
+        if packing.tokens > 0 && !packs {
             tracing::info!("packing is off: this device backend does not run packed passes");
         }
-        let packing = match packs_rows && packing.tokens > 0 {
+        let packing = match packs && packing.tokens > 0 {
             true => packing,
             false => Packing::OFF,
         };

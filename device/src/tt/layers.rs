@@ -12,7 +12,7 @@
 
 use super::ops::matmul_config;
 use super::{dim, TtMesh, TtTensor, TtWeight};
-use crate::{DeviceError, Result, RopeSpec};
+use crate::{AttentionLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -126,6 +126,11 @@ pub(super) fn three(v: Vec<TtTensor>) -> Option<[TtTensor; 3]> {
     <[TtTensor; 3]>::try_from(v).ok()
 }
 
+pub(super) fn one(v: Vec<TtTensor>) -> Option<TtTensor> {
+    let [x] = <[TtTensor; 1]>::try_from(v).ok()?;
+    Some(x)
+}
+
 /// The matmul numerics as the backend's `linear` takes them (the same fields as
 /// `clef_tt_matmul_config`).
 fn matmul_params(n: &crate::Numerics) -> Value {
@@ -148,4 +153,98 @@ pub(super) fn rope_spec(op: &'static str, spec: &RopeSpec) -> Result<sys::clef_t
         ],
         theta: spec.theta,
     })
+}
+
+/// The batched pass's parameters as the layer ops take them (layers.py).
+fn batch_params(params: &mut Value, batch: Option<&RowBatch>) {
+    if let Some(b) = batch {
+        params["batch"] = json!({"requests": b.lengths.len(), "lengths": b.lengths});
+    }
+}
+
+impl TtMesh {
+    /// The attention layer op: the stream, keys and values; a batched pass, the stream only.
+    pub(super) fn attention_call(
+        &self,
+        l: &AttentionLayer<'_, TtTensor, TtWeight>,
+        batch: Option<&RowBatch>,
+    ) -> Result<Option<Vec<TtTensor>>> {
+        let rows = self.rows_of(l.h)?;
+        let start = l.cache.map_or(Ok(0), |(k, _)| self.rows_of(k))?;
+        let kv_cols = l.spec.kv_heads * l.spec.head_dim;
+        let inputs = [
+            Input::Tensor(l.h),
+            Input::Weight(l.norm),
+            Input::Weight(l.qkv),
+            Input::Weight(l.q_norm),
+            Input::Weight(l.k_norm),
+            Input::Weight(l.o_proj),
+            optional_input(l.cache.map(|c| c.0)),
+            optional_input(l.cache.map(|c| c.1)),
+        ];
+        let mut params = json!({
+            "heads": l.spec.heads, "kv_heads": l.spec.kv_heads, "head_dim": l.spec.head_dim,
+            "eps": l.eps, "reduce": l.all_reduce,
+        });
+        batch_params(&mut params, batch);
+        let stream = (rows, self.cols_of(l.h)?, sys::CLEF_TT_REPLICATED);
+        let kv = (start + rows, kv_cols, self.per_device());
+        let results = match batch {
+            Some(_) => vec![stream],
+            None => vec![stream, kv, kv],
+        };
+        self.layer_op(
+            "attention",
+            &inputs,
+            params,
+            Some((&l.rope, l.positions)),
+            &results,
+        )
+    }
+
+    /// The DeltaNet layer op: the stream, conv carry and state; a batched pass, the stream
+    /// only.
+    pub(super) fn delta_net_call(
+        &self,
+        l: &DeltaNetLayer<'_, TtTensor, TtWeight>,
+        batch: Option<&RowBatch>,
+    ) -> Result<Option<Vec<TtTensor>>> {
+        let s = &l.spec;
+        let inputs = [
+            Input::Tensor(l.h),
+            Input::Weight(l.norm),
+            Input::Weight(l.in_proj),
+            Input::Weight(l.conv),
+            Input::Weight(l.a_log),
+            Input::Weight(l.dt_bias),
+            Input::Weight(l.gated_norm),
+            Input::Weight(l.out_proj),
+            optional_input(l.carried.map(|c| c.0)),
+            optional_input(l.carried.map(|c| c.1)),
+        ];
+        let mut params = json!({
+            "key_heads": s.key_heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
+            "value_dim": s.value_dim, "conv_kernel": s.conv_kernel, "eps": l.eps,
+            "reduce": l.all_reduce,
+        });
+        batch_params(&mut params, batch);
+        let stream = (
+            self.rows_of(l.h)?,
+            self.cols_of(l.h)?,
+            sys::CLEF_TT_REPLICATED,
+        );
+        let results = match batch {
+            Some(_) => vec![stream],
+            None => vec![
+                stream,
+                (
+                    s.conv_kernel.saturating_sub(1),
+                    s.conv_channels(),
+                    self.per_device(),
+                ),
+                (s.value_heads * s.key_dim, s.value_dim, self.per_device()),
+            ],
+        };
+        self.layer_op("delta_net", &inputs, params, None, &results)
+    }
 }

@@ -6,14 +6,14 @@
 //! outlives the call, every parameter struct or slice outlives the call, and the output
 //! pointers are the call helpers' locals.
 
-use super::layers::{optional_input, three, Input};
+use super::layers::{one, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{
     AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu, HostTensor,
-    HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, WeightBytes,
+    HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, RowBatch, WeightBytes,
     WeightFormat, WeightKind,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 use std::ptr::null;
 use tt_metal_sys as sys;
 
@@ -446,85 +446,53 @@ impl MeshOps for TtMesh {
 
     // The layer ops: one clef_tt_layer_op call each (layers.rs); None where the shim does
     // not run them.
+    fn batch_limit(&self, spec: &DeltaNetSpec) -> usize {
+        // The backend's cores for batch x value heads (0: no batched layer ops on this mesh).
+        let cores = self
+            .describe()
+            .ok()
+            .and_then(|d| serde_json::from_str::<Value>(&d).ok())
+            .and_then(|d| d["batch_cores"].as_u64())
+            .unwrap_or(0) as usize;
+        cores.checked_div(spec.value_heads).unwrap_or(0)
+    }
+
+    fn attention_layer_batched(
+        &self,
+        l: &AttentionLayer<'_, TtTensor, TtWeight>,
+        batch: &RowBatch,
+    ) -> Option<Result<TtTensor>> {
+        self.attention_call(l, Some(batch))
+            .map(|out| out.and_then(one))
+            .transpose()
+    }
+
+    fn delta_net_layer_batched(
+        &self,
+        l: &DeltaNetLayer<'_, TtTensor, TtWeight>,
+        batch: &RowBatch,
+    ) -> Option<Result<TtTensor>> {
+        self.delta_net_call(l, Some(batch))
+            .map(|out| out.and_then(one))
+            .transpose()
+    }
+
     fn attention_layer(
         &self,
         l: &AttentionLayer<'_, TtTensor, TtWeight>,
     ) -> Option<Result<[TtTensor; 3]>> {
-        let run = || -> Result<Option<[TtTensor; 3]>> {
-            let rows = self.rows_of(l.h)?;
-            let start = l.cache.map_or(Ok(0), |(k, _)| self.rows_of(k))?;
-            let kv_cols = l.spec.kv_heads * l.spec.head_dim;
-            let inputs = [
-                Input::Tensor(l.h),
-                Input::Weight(l.norm),
-                Input::Weight(l.qkv),
-                Input::Weight(l.q_norm),
-                Input::Weight(l.k_norm),
-                Input::Weight(l.o_proj),
-                optional_input(l.cache.map(|c| c.0)),
-                optional_input(l.cache.map(|c| c.1)),
-            ];
-            let params = json!({
-                "heads": l.spec.heads, "kv_heads": l.spec.kv_heads, "head_dim": l.spec.head_dim,
-                "eps": l.eps, "reduce": l.all_reduce,
-            });
-            let results = [
-                (rows, self.cols_of(l.h)?, sys::CLEF_TT_REPLICATED),
-                (start + rows, kv_cols, self.per_device()),
-                (start + rows, kv_cols, self.per_device()),
-            ];
-            let out = self.layer_op(
-                "attention",
-                &inputs,
-                params,
-                Some((&l.rope, l.positions)),
-                &results,
-            )?;
-            Ok(out.and_then(three))
-        };
-        run().transpose()
+        self.attention_call(l, None)
+            .map(|out| out.and_then(three))
+            .transpose()
     }
 
     fn delta_net_layer(
         &self,
         l: &DeltaNetLayer<'_, TtTensor, TtWeight>,
     ) -> Option<Result<[TtTensor; 3]>> {
-        let run = || -> Result<Option<[TtTensor; 3]>> {
-            let s = &l.spec;
-            let inputs = [
-                Input::Tensor(l.h),
-                Input::Weight(l.norm),
-                Input::Weight(l.in_proj),
-                Input::Weight(l.conv),
-                Input::Weight(l.a_log),
-                Input::Weight(l.dt_bias),
-                Input::Weight(l.gated_norm),
-                Input::Weight(l.out_proj),
-                optional_input(l.carried.map(|c| c.0)),
-                optional_input(l.carried.map(|c| c.1)),
-            ];
-            let params = json!({
-                "key_heads": s.key_heads, "value_heads": s.value_heads, "key_dim": s.key_dim,
-                "value_dim": s.value_dim, "conv_kernel": s.conv_kernel, "eps": l.eps,
-                "reduce": l.all_reduce,
-            });
-            let results = [
-                (
-                    self.rows_of(l.h)?,
-                    self.cols_of(l.h)?,
-                    sys::CLEF_TT_REPLICATED,
-                ),
-                (
-                    s.conv_kernel.saturating_sub(1),
-                    s.conv_channels(),
-                    self.per_device(),
-                ),
-                (s.value_heads * s.key_dim, s.value_dim, self.per_device()),
-            ];
-            let out = self.layer_op("delta_net", &inputs, params, None, &results)?;
-            Ok(out.and_then(three))
-        };
-        run().transpose()
+        self.delta_net_call(l, None)
+            .map(|out| out.and_then(three))
+            .transpose()
     }
 
     fn mlp_layer(&self, l: &MlpLayer<'_, TtTensor, TtWeight>) -> Option<Result<TtTensor>> {

@@ -25,6 +25,25 @@ HiFi2 under `selected`); the gate selection stays HiFi4 (exact copies). Each end
 row-parallel projection, the all-reduce (reduce-scatter + all-gather, when
 the plan asks for it) and the residual add: one ABI call per sublayer instead of 10-16.
 
+A batched pass (params `batch`: {"requests": B, "lengths": [L_i]}) runs B fresh requests
+(no cached prefix, no carried state) as one: h holds B blocks of `each` rows (each request's
+rows at the front of its block, zero rows after, at least 3 of them: each = t / B, a multiple of
+32), every row-wise op runs once over all t rows, and the mixers run over a batch of B:
+- attention: `nlp_create_qkv_heads` on [B, 1, each, cols] gives heads [B, H, each, d]; the rope
+  tables are one request's positions 0..each-1, broadcast over the batch; causal SDPA
+  (`transformer.scaled_dot_product_attention`, is_causal) per batch element, so a request's
+  queries see only its own keys and never the pad rows after them;
+- DeltaNet: the native conv runs over the t rows as one sequence (it takes no batch); the
+  normed input is multiplied by a row mask (1 on a request's rows, 0 on pads), so every block's
+  last 3 rows are zeros after the projection and the next request's conv starts from a zero
+  history, as a fresh request does; the delta rule runs batched ([B, each, width], a zero
+  [B, nv, dk, dv] state: each request's own, no chunk crossing a block; the op needs B x nv <=
+  cores, so B <= 4 for Clef 27B's 24 value heads per device); pad rows after a request change
+  nothing before them.
+It returns the residual stream only (no keys, carry or state: a batched request does not
+continue); the caller reads each request's rows from its block. One extra device op per DeltaNet
+layer (the mask) against the solo pass.
+
 A layer op takes only the forms it was written for: bf16 activations and KV, tile-aligned head
 dims and split points, the native conv's shapes, the rope widths `rotary_embedding_hf` takes,
 one delta-rule call. Anything else raises NotImplementedError before any ttnn call, and the
@@ -39,7 +58,11 @@ import numpy as np
 
 from .delta import CARRY_FORM, DELTA_CHUNK, DELTA_PIECE, NATIVE_CONV_TAPS
 from .meta import TILE_SIZE, f32, round_up
-from .programs import kernel_config, precise, sublayer
+from .programs import kernel_config, precise, sdpa_chunks, sdpa_program, sublayer
+
+# Zero rows a batched pass leaves after each request (at least the conv's history, so the next
+# request's conv starts from zeros).
+BATCH_PAD_ROWS = NATIVE_CONV_TAPS - 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,16 +123,50 @@ class LayerOps:
         self.drop(*[t for t in (partial, total) if t is not out])
         return out
 
+    def _batch(self, op, p, t, fresh):
+        """A batched pass's (requests, rows per request block, lengths), or None for an
+        ordinary one. `fresh`: whether the op was given no cache or carried state."""
+        batch = p.get("batch")
+        if not batch:
+            return None
+        count, lengths = int(batch["requests"]), [int(n) for n in batch["lengths"]]
+        if count < 1 or len(lengths) != count or t % count:
+            _refuse(
+                op, "a batch of %d requests, %d lengths over %d rows" % (count, len(lengths), t)
+            )
+        each = t // count
+        if each % TILE_SIZE or any(n < 1 or n + BATCH_PAD_ROWS > each for n in lengths):
+            _refuse(op, "blocks of %d rows for requests of %s rows" % (each, lengths))
+        if not fresh:
+            _refuse(op, "a batched pass continuing a cache or state")
+        return count, each, lengths
+
+    def _row_mask(self, each, lengths):
+        """[1, 1, t, 1] bf16: 1 on the requests' rows, 0 on the pad rows after them (made once
+        per form of batch)."""
+
+        def make():
+            mask = np.zeros((len(lengths), each), np.float32)
+            for i, n in enumerate(lengths):
+                mask[i, :n] = 1.0
+            return self.host_rows(
+                [mask.reshape(1, 1, -1, 1)], self.ttnn.bfloat16, self.ttnn.TILE_LAYOUT
+            )
+
+        return self.internal_once(("batch_row_mask", each, tuple(lengths)), make)
+
     # -- attention --------------------------------------------------------------------------------
     def attention_layer(self, tensors, p, tables):
         """tensors: h, input norm, qkv|gate, q_norm, k_norm, o_proj, keys cache, values cache.
-        Returns the new residual stream, keys and values."""
+        Returns the new residual stream, keys and values (a batched pass: the stream only)."""
         h, norm, qkv, qn, kn, o_proj, ck, cv = tensors
         heads, kvh, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
         self._bf16_only("attention")
         rot = 2 * int(tables[1]) if tables is not None else 0
         t = h[0].rows
-        if tables is None or int(tables[0]) != t:
+        batch = self._batch("attention", p, t, ck is None and cv is None)
+        count, each = (batch[0], batch[1]) if batch else (1, t)
+        if tables is None or int(tables[0]) != each:
             _refuse(
                 "attention",
                 "rope tables of %s rows for %d" % (None if tables is None else tables[0], t),
@@ -127,20 +184,24 @@ class LayerOps:
         x = self._input_norm(h, norm, float(p["eps"]), config)
         fused = self.matmul(x, t, qkv, config)
         self.drop(x)
+        blocks = self.reshape(fused, (count, 1, each, qkv[0].cols))
         # q|gate interleaved per head: 2H heads of d, then the KV heads.
         qg, k, v = call(
             "experimental.nlp_create_qkv_heads",
             ttnn.experimental.nlp_create_qkv_heads,
-            fused,
+            blocks,
             num_heads=2 * heads,
             num_kv_heads=kvh,
             transpose_k_heads=False,
             memory_config=dram,
         )
-        self.drop(fused)
-        pairs = self.reshape(qg, (heads, 2, t, d))
-        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (heads, 1, t, d)), (1, heads, t, d))
-        gate = self.reshape(self.slice(pairs, (0, 1, 0, 0), (heads, 2, t, d)), (1, heads, t, d))
+        self.drop(fused, blocks)
+        bh = count * heads
+        pairs = self.reshape(qg, (bh, 2, each, d))
+        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (bh, 1, each, d)), (count, heads, each, d))
+        gate = self.reshape(
+            self.slice(pairs, (0, 1, 0, 0), (bh, 2, each, d)), (count, heads, each, d)
+        )
         self.drop(qg, pairs)
         normed = []
         for x_, w_ in ((q, qn), (k, kn)):
@@ -158,24 +219,48 @@ class LayerOps:
             normed.append(self.rope_heads(y, tables, rot, d))
             self.drop(y)
         q, k = normed
-        keys, values = [
-            self.append_heads(None if c is None else c[0], new, kvh, d)
-            for c, new in zip(caches, (k, v))
-        ]
-        for c in caches:
-            if c is not None and c[1]:
-                c[0].release(ttnn)
-        o = self.paged_attention(q, keys, values, d, sublayer(ttnn, config))
+        if batch:
+            o = self._batched_attention(q, k, v, d, sublayer(ttnn, config))
+            self.drop(k, v)
+        else:
+            keys, values = [
+                self.append_heads(None if c is None else c[0], new, kvh, d)
+                for c, new in zip(caches, (k, v))
+            ]
+            for c in caches:
+                if c is not None and c[1]:
+                    c[0].release(ttnn)
+            o = self.paged_attention(q, keys, values, d, sublayer(ttnn, config))
         self.drop(q)
         gated = self.binary(
             "multiply", ttnn.multiply, o, gate, input_tensor_b_activations=[self.unary("SIGMOID")]
         )
         self.drop(o, gate)
-        flat = self.heads_last(gated)
+        flat = self.reshape(self.heads_last(gated), (1, 1, t, heads * d))
         self.drop(gated)
         out = self.matmul(flat, t, o_proj, config)
         self.drop(flat)
-        return [self.wrap(self._residual(h, out, bool(p["reduce"]))), keys, values]
+        new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
+        return [new_h] if batch else [new_h, keys, values]
+
+    def _batched_attention(self, q, k, v, d, ckc):
+        """Causal SDPA over a batch: q [B, H, each, d], k and v [B, kv heads, each, d], each
+        batch element its own sequence from position 0 (the pad rows after a request come
+        after its queries, so causality keeps them out)."""
+        each = self.shape(q)[2]
+        q_chunk, k_chunk = sdpa_chunks(each, 0)
+        return self.tt.call(
+            "transformer.scaled_dot_product_attention",
+            self.ttnn.transformer.scaled_dot_product_attention,
+            q,
+            k,
+            v,
+            is_causal=True,
+            scale=f32(d**-0.5),
+            program_config=sdpa_program(self.ttnn, self.grid, q_chunk, k_chunk),
+            compute_kernel_config=ckc,
+            memory_config=self.dram,
+        )
 
     # -- Gated DeltaNet ---------------------------------------------------------------------------
     def _gate_selection(self, nv, which):
@@ -192,13 +277,16 @@ class LayerOps:
 
     def delta_layer(self, tensors, p, tables):
         """tensors: h, input norm, in_proj, conv, A_log, dt_bias, gated norm, out_proj, conv
-        carry, recurrent state. Returns the new residual stream, conv carry and state."""
+        carry, recurrent state. Returns the new residual stream, conv carry and state (a
+        batched pass: the stream only)."""
         h, norm, in_proj, conv, a_log, dt_bias, gnorm, out_proj, carry, state = tensors
         nk, nv = int(p["key_heads"]), int(p["value_heads"])
         dk, dv = int(p["key_dim"]), int(p["value_dim"])
         kernel = int(p["conv_kernel"])
         self._bf16_only("delta_net")
         t = h[0].rows
+        batch = self._batch("delta_net", p, t, carry is None and state is None)
+        count, each = (batch[0], batch[1]) if batch else (1, round_up(t, TILE_SIZE))
         kd, vd = nk * dk, nv * dv
         ch = 2 * kd + vd
         tp = round_up(t, TILE_SIZE)
@@ -208,7 +296,7 @@ class LayerOps:
             or dk % TILE_SIZE
             or vd % TILE_SIZE
             or t < NATIVE_CONV_TAPS - 1
-            or tp > DELTA_PIECE
+            or each > DELTA_PIECE
             or nk <= 0
             or nv % nk
         ):
@@ -222,9 +310,18 @@ class LayerOps:
         ttnn, call, dram, fp32 = self.ttnn, self.tt.call, self.dram, self.ttnn.float32
         config = p["config"]
         x = self._input_norm(h, norm, float(p["eps"]), config)
+        if batch:
+            # Zero pad rows: the conv runs over all blocks as one sequence, and each request's
+            # must start from a zero history, the previous block's last rows.
+            masked = self.binary("multiply", ttnn.multiply, x, self._row_mask(each, batch[2]))
+            self.drop(x)
+            x = masked
         fused = self.matmul(x, t, in_proj, config)
         self.drop(x)
-        if CARRY_FORM == "slices":
+        if batch:
+            q, k, v = self.conv_parts(fused, t, conv, None, (kd, kd, vd))
+            new_carry = None
+        elif CARRY_FORM == "slices":
             q, k, v = self.conv_parts(fused, t, conv, carry, (kd, kd, vd))
             new_carry = self.conv_carry(fused, t, ch)
         else:
@@ -276,15 +373,17 @@ class LayerOps:
             self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
         )
         self.drop(sp)
-        gates = [self.reshape(self.pad_end(a, 2, tp), (1, tp, nv)) for a in (g, beta)]
+        gates = [self.reshape(self.pad_end(a, 2, tp), (count, each, nv)) for a in (g, beta)]
+        if batch:
+            q, k, v = [self.reshape(a, (count, each, self.shape(a)[-1])) for a in (q, k, v)]
         if state is not None:
             s = self.reshape(self.typecast(state[1].t, fp32), (1, nv, dk, dv))
         else:
             # A zero state made once (without one the op uploads zeros from the host per call).
             s = self.internal_once(
-                ("delta_zero_state", nv, dk, dv),
+                ("delta_zero_state", count, nv, dk, dv),
                 lambda: self.host_rows(
-                    [np.zeros((1, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT
+                    [np.zeros((count, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT
                 ),
             )
         eye, tril, ones, masks = self.delta_constants()
@@ -309,7 +408,7 @@ class LayerOps:
         self.drop(q, k, v, g, beta, *gates)
         if state is not None and s is not state[1].t:
             self.drop(s)
-        heads = self.reshape(o, (1, nv, tp, dv))
+        heads = self.reshape(o, (count, nv, each, dv))
         y = call(
             "rms_norm",
             ttnn.rms_norm,
@@ -320,7 +419,7 @@ class LayerOps:
             memory_config=dram,
         )
         self.drop(o, heads)
-        flat = self.rows(self.heads_last(y), 0, t)
+        flat = self.rows(self.reshape(self.heads_last(y), (1, 1, count * each, vd)), 0, t)
         self.drop(y)
         z = self.cols(fused, ch, ch + vd)
         gated = self.binary(
@@ -334,9 +433,12 @@ class LayerOps:
         self.drop(flat, z, fused)
         out = self.matmul(gated, t, out_proj, config)
         self.drop(gated)
+        new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
+        if batch:
+            return [new_h]
         s_out = self.reshape(s_next, (1, 1, nv * dk, dv))
         return [
-            self.wrap(self._residual(h, out, bool(p["reduce"]))),
+            new_h,
             self.wrap(new_carry),
             self.wrap(s_out),
         ]

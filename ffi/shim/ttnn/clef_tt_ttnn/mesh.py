@@ -208,6 +208,12 @@ class Mesh(
             "dram_allocated_per_device": int(view.total_bytes_allocated_per_bank)
             * int(view.num_banks),
             "activation_dtype": "bf16" if self.act_dtype == self.ttnn.bfloat16 else "f32",
+            # Batched passes (layers.py): the cores the delta rule spreads batch x value heads
+            # over (batch x value heads per device must not exceed them); 0 where the layer ops
+            # do not run (activations or KV not bf16).
+            "batch_cores": self.grid[0] * self.grid[1]
+            if self.act_dtype == self.ttnn.bfloat16 and self.kv_dtype() == self.ttnn.bfloat16
+            else 0,
         }
 
     def close(self):

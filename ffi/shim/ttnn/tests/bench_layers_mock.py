@@ -13,6 +13,9 @@ modelled (mock mode). The Rust -> C -> pybind11 crossings of the ABI (one per la
 top: `clef-tt bench prefill --device tt --shape clef-27b` measures the whole path.
 
 `--budget N` exits 1 when a chunk takes more than N device ops (CI runs it at 128 tokens).
+`--pack RATIO L1 L2 ...` counts one batched pass (layers.py, `batch`) of requests of these
+lengths against each alone, and exits 1 when its device ops per request exceed RATIO x solo's
+(CI runs 4 requests of ~300 tokens at 0.35).
 
 `Bench` is also the layer definition of ops_at_scale_mock.py: every ABI op of a layer goes through
 `Bench.op(label, fn, *args)` (a plain call here; that script captures each one with ttnn's graph
@@ -21,6 +24,7 @@ capture), weights can be random (`Bench(seed=...)`), and `vision_block` runs one
 
     source /tmp/ttmock/env.sh; cd "$(mktemp -d)" && \
         $CLEF_TT_PYTHON .../bench_layers_mock.py [--fine] [--budget N] [T ...]
+        $CLEF_TT_PYTHON .../bench_layers_mock.py --pack RATIO [L ...]
 """
 
 import os
@@ -33,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import clef_tt_ttnn as ct  # noqa: E402
 from clef_tt_ttnn import Meta  # noqa: E402
+from clef_tt_ttnn.layers import BATCH_PAD_ROWS  # noqa: E402
 from clef_tt_ttnn.meta import (
     ACTIVATION,
     BF16,
@@ -286,10 +291,13 @@ class Bench:
 
     # The layer ops (clef_tt_ttnn/layers.py): what the backbone calls on a ttnn mesh, one ABI
     # call per sublayer; the methods above are the fine-op composition they replace.
-    def attention_layer(self, w, h, t, cache, positions):
+    def attention_layer(self, w, h, t, cache, positions, batch=None):
+        """batch: a batched pass's {"requests", "lengths"} (layers.py): the stream only."""
         p = dict(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, eps=EPS, reduce=1, config=CFG)
         kv = (None, None) if cache is None else cache
-        out, keys, vals = self.op(
+        if batch:
+            p["batch"] = batch
+        results = self.op(
             "attention layer",
             self.m.layer_op,
             "attention",
@@ -297,6 +305,9 @@ class Bench:
             p,
             positions,
         )
+        if batch:
+            return self.res(results[0], t, HIDDEN, REPLICATED)
+        out, keys, vals = results
         start = 0 if cache is None else cache[0][0].rows
         kv_cols = KV_HEADS * HEAD_DIM
         return self.res(out, t, HIDDEN, REPLICATED), (
@@ -304,7 +315,8 @@ class Bench:
             self.res(vals, start + t, kv_cols, SHARDED),
         )
 
-    def delta_layer(self, w, h, t, state):
+    def delta_layer(self, w, h, t, state, batch=None):
+        """batch: a batched pass's {"requests", "lengths"} (layers.py): the stream only."""
         p = dict(
             key_heads=NK,
             value_heads=NV,
@@ -316,7 +328,9 @@ class Bench:
             config=CFG,
         )
         carried = (None, None) if state is None else state
-        out, carry, s = self.op(
+        if batch:
+            p["batch"] = batch
+        results = self.op(
             "delta_net layer",
             self.m.layer_op,
             "delta_net",
@@ -324,6 +338,9 @@ class Bench:
             p,
             None,
         )
+        if batch:
+            return self.res(results[0], t, HIDDEN, REPLICATED)
+        out, carry, s = results
         return self.res(out, t, HIDDEN, REPLICATED), (
             self.res(carry, KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED),
             self.res(s, NV * DK, DV, SHARDED),
@@ -406,6 +423,48 @@ class Bench:
             summary = self.m.command({"graph_capture": "end"})
         return summary["device_ops"]
 
+    def chunk(self, w, h, t, positions, batch=None):
+        """A 64-layer pass (16 attention + 48 DeltaNet layers, each with its MLP; the layer
+        ops) over h of t rows: ordinary, or batched."""
+        for i in range(64):
+            if i % 4 == 3:
+                out = self.attention_layer(w, h, t, None, positions, batch)
+            else:
+                out = self.delta_layer(w, h, t, None, batch)
+            h = self.mlp_layer(w, out if batch else out[0], t)
+        return h
+
+    def packed(self, lengths):
+        """Device ops per request of a batched pass of requests of `lengths` tokens (blocks of
+        `each` rows: the longest plus BATCH_PAD_ROWS, to a multiple of 32) against each one run
+        alone, 64 layers (the final norm, one op per pass, left out of both)."""
+        w = self.weights()
+        alone = []
+        for n in lengths:
+            h = self.act(n, HIDDEN)
+            alone.append(self.device_ops(lambda: self.chunk(w, h, n, self.positions(0, n))))
+        each = -(-(max(lengths) + BATCH_PAD_ROWS) // 32) * 32
+        t = each * len(lengths)
+        h = self.act(t, HIDDEN)
+        batch = {"requests": len(lengths), "lengths": list(lengths)}
+        ops = self.device_ops(lambda: self.chunk(w, h, t, self.positions(0, each), batch))
+        solo = sum(alone) / len(alone)
+        print(
+            "batched pass of %d requests of %s tokens (blocks of %d rows): %d device ops, "
+            "%.1f per request; alone %.1f per request: %.3fx"
+            % (
+                len(lengths),
+                lengths,
+                each,
+                ops,
+                ops / len(lengths),
+                solo,
+                ops / len(lengths) / solo,
+            )
+        )
+        self.m.close()
+        return ops / len(lengths) / solo
+
     def run(self, lengths, fine=False):
         """fine: the fine-op composition instead of the layer ops."""
         attention, delta, mlp = (
@@ -469,6 +528,14 @@ class Bench:
 if __name__ == "__main__":
     args = sys.argv[1:]
     budget, fine = None, False
+    if args[:1] == ["--pack"]:
+        # --pack RATIO L1 L2 ...: a batched pass of requests of these lengths; exit 1 when its
+        # device ops per request exceed RATIO x alone.
+        ratio = Bench().packed([int(a) for a in args[2:]] or [300, 280, 310, 290])
+        if ratio > float(args[1]):
+            print("FAIL: %.3fx the device ops per request alone, over %s" % (ratio, args[1]))
+            sys.exit(1)
+        sys.exit(0)
     if args[:1] == ["--fine"]:
         fine, args = True, args[1:]
     if args[:1] == ["--budget"]:

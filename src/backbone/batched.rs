@@ -1,0 +1,108 @@
+//! Batched passes: several fresh text requests through the backbone as one batch, for a mesh
+//! whose layer ops run a batch ([`MeshOps::batch_limit`]: the ttnn backend) rather than packed
+//! row segments ([`MeshOps::packs_rows`]: the CPU).
+//!
+//! Each request's rows go to the front of its own block of `each` rows (the longest request
+//! plus the conv's history, to a tile), zero rows after them. Every row-wise op runs once over
+//! all blocks; the mixers run over the batch (causal attention per block, the delta rule per
+//! block from a zero state, the conv from a zero history), so each request's rows come out as
+//! its own pass computes them. On ttnn a packed pass of row segments would add a slice, a
+//! concat and a mixer call per request and layer; the batch adds one op per DeltaNet layer
+//! (docs/packing.md has the counts).
+//!
+//! Only whole prompts with text positions (0, 1, ... in all three rope sections) and no state
+//! to continue or keep batch: a batched pass leaves no keys or recurrent state.
+
+use super::weights::MixerWeights;
+use super::{Backbone, PrefillError};
+use clef_device::{GatherAxis, HostTensor, MeshOps, RowBatch};
+
+/// What a batched pass gave.
+pub enum Batched {
+    /// The final rows of every request, in order (without pad rows).
+    Rows(HostTensor),
+    /// The mesh does not run a layer op of this model as a batch (its shapes): nothing of the
+    /// pass is kept, and the requests must run one by one.
+    Refused,
+}
+
+impl<B: MeshOps> Backbone<B> {
+    /// Requests a batched pass may hold on this mesh (0 or 1: the mesh runs none).
+    pub fn batch_limit(&self) -> usize {
+        self.mesh.batch_limit(&self.delta_spec())
+    }
+
+    /// Rows of a batched pass over prompts of these lengths (their blocks, pad rows included).
+    pub fn batch_rows(&self, lengths: &[usize]) -> usize {
+        RowBatch::of(lengths, self.delta_spec().conv_kernel).rows()
+    }
+
+    /// One batched pass over fresh whole prompts, each given as its embedded rows and text
+    /// positions (from 0), at most [`Backbone::batch_limit`] of them.
+    pub fn prefill_batched(
+        &self,
+        requests: &[(&HostTensor, &[[u32; 3]])],
+    ) -> Result<Batched, PrefillError> {
+        let hidden = self.config.hidden_size;
+        let lengths: Vec<usize> = requests.iter().map(|(e, _)| e.rows).collect();
+        let limit = self.batch_limit();
+        if requests.is_empty() || requests.len() > limit {
+            return Err(PrefillError::State(format!(
+                "a batched pass of {} requests on a mesh that batches {limit}",
+                requests.len()
+            )));
+        }
+        for (embedded, positions) in requests {
+            if embedded.cols != hidden || embedded.rows == 0 || positions.len() != embedded.rows {
+                return Err(PrefillError::State(format!(
+                    "a batched request of {} x {} rows with {} positions",
+                    embedded.rows,
+                    embedded.cols,
+                    positions.len()
+                )));
+            }
+            if *positions != Self::text_positions(0, embedded.rows) {
+                return Err(PrefillError::State(
+                    "a batched request with positions other than text positions from 0".into(),
+                ));
+            }
+        }
+        let batch = RowBatch::of(&lengths, self.delta_spec().conv_kernel);
+        let mut padded = vec![0.0f32; batch.rows() * hidden];
+        for (i, (embedded, _)) in requests.iter().enumerate() {
+            let at = i * batch.each * hidden;
+            padded[at..at + embedded.data.len()].copy_from_slice(&embedded.data);
+        }
+        let positions = Self::text_positions(0, batch.each);
+        let m = &self.mesh;
+        let eps = self.config.rms_norm_eps;
+        let mut h = m.replicate(&HostTensor::new(batch.rows(), hidden, padded))?;
+        let mut untraced = |_: String, _: &dyn Fn() -> Result<HostTensor, _>| {};
+        for (i, lw) in self.layers.iter().enumerate() {
+            let mixed = match &lw.mixer {
+                MixerWeights::Attention { .. } => self
+                    .attention_op(i, &h, lw, None, &positions)
+                    .and_then(|layer| m.attention_layer_batched(&layer, &batch)),
+                MixerWeights::DeltaNet { .. } => self
+                    .delta_net_op(i, &h, lw, None)
+                    .and_then(|layer| m.delta_net_layer_batched(&layer, &batch)),
+            };
+            let Some(mixed) = mixed else {
+                return Ok(Batched::Refused);
+            };
+            h = self.mlp(i, &mixed?, lw, true, &mut untraced)?;
+        }
+        let y = m.rms_norm(&h, &self.final_norm, hidden, eps, true)?;
+        let all = m.gather(&y, GatherAxis::Cols)?;
+        let mut rows = Vec::with_capacity(lengths.iter().sum::<usize>() * hidden);
+        for (i, n) in lengths.iter().enumerate() {
+            let at = i * batch.each * hidden;
+            rows.extend_from_slice(&all.data[at..at + n * hidden]);
+        }
+        Ok(Batched::Rows(HostTensor::new(
+            rows.len() / hidden,
+            hidden,
+            rows,
+        )))
+    }
+}
