@@ -22,6 +22,7 @@ use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
+use rayon::prelude::*;
 use std::borrow::Cow;
 use std::ops::Range;
 pub use weights::{count_weights, visit_weights, PlacedWeights, WeightFormats};
@@ -65,6 +66,10 @@ pub struct Segment<'a, T> {
 
 /// A sublayer's new residual stream and each request's state of the layer.
 type Mixed<T> = (T, Vec<LayerState<T>>);
+/// One request's rows out of a mixer and the layer state it leaves.
+type RequestMix<T> = (T, LayerState<T>);
+/// Each request's rows out of a mixer and the layer states they leave, in order.
+type RequestsMix<T> = (Vec<T>, Vec<LayerState<T>>);
 
 /// A pass's final rows and each request's state at its end.
 pub type PassResult<T> = (HostTensor, Vec<PrefillState<T>>);
@@ -462,15 +467,13 @@ impl<B: MeshOps> Backbone<B> {
         let q = m.rope(&q, &self.rope_spec(spec.heads), positions)?;
         let k = m.rope(&k, &self.rope_spec(spec.kv_heads), positions)?;
         // Per request: its keys and values after its cached ones, its queries over them.
-        let mut outs = Vec::with_capacity(ranges.len());
-        let mut states = Vec::with_capacity(ranges.len());
-        for (cache, r) in caches.iter().zip(ranges) {
+        let (outs, states) = self.per_request(caches, ranges, |cache, r| {
             let [q, k, v] = self.segment_rows([&q, &k, v], r, ranges.len())?;
             let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
             let values = m.append_rows(cache.map(|c| c.1), &v, spec.kv_heads)?;
-            outs.push(m.causal_attention(&q, &keys, &values, &spec)?);
-            states.push(LayerState::Attention { keys, values });
-        }
+            let out = m.causal_attention(&q, &keys, &values, &spec)?;
+            Ok((out, LayerState::Attention { keys, values }))
+        })?;
         let attn = self.join_rows(outs)?;
         let gated = m.mul_sigmoid(&attn, &gate)?;
         trace(format!("{p}.o_proj.in0"), &|| {
@@ -479,6 +482,34 @@ impl<B: MeshOps> Backbone<B> {
         let out = self.reduce(i, m.linear(&gated, o_proj)?)?;
         trace(p.to_string(), &|| m.gather(&out, GatherAxis::Cols));
         Ok((out, states))
+    }
+
+    /// `mix` for each request of a pass (its earlier state and rows): the outputs and states in
+    /// order. On a mesh that packs rows (the CPU) the requests of a pass run side by side (each
+    /// op inside still spreads over the cores), so that one request's small ops fill the cores
+    /// another leaves idle; each request's ops and values are exactly those of its pass alone.
+    fn per_request<'p, S, F>(
+        &self,
+        prev: &[S],
+        ranges: &[Range<usize>],
+        mix: F,
+    ) -> Result<RequestsMix<B::Tensor>, DeviceError>
+    where
+        S: Copy + Send + Sync + 'p,
+        F: Fn(S, &Range<usize>) -> Result<RequestMix<B::Tensor>, DeviceError> + Sync,
+    {
+        let each: Vec<_> = if ranges.len() > 1 && self.mesh.packs_rows() {
+            prev.par_iter()
+                .zip(ranges)
+                .map(|(&p, r)| mix(p, r))
+                .collect::<Result<_, _>>()?
+        } else {
+            prev.iter()
+                .zip(ranges)
+                .map(|(&p, r)| mix(p, r))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(each.into_iter().unzip())
     }
 
     /// Rows `r` of each of `xs` for one request of a pass of `segments` requests (the
@@ -542,20 +573,18 @@ impl<B: MeshOps> Backbone<B> {
         trace(format!("{p}.in_proj_a"), &|| m.gather(a, GatherAxis::Cols));
         let (g, beta) = m.delta_gates(a, b, a_log, dt_bias)?;
         // Per request: the conv from its carry, the delta rule from its state, on its rows.
-        let mut cores = Vec::with_capacity(ranges.len());
-        let mut states = Vec::with_capacity(ranges.len());
-        for (carried, r) in carried.iter().zip(ranges) {
+        let (cores, states) = self.per_request(carried, ranges, |carried, r| {
             let [qkv, g, beta] = self.segment_rows([qkv, &g, &beta], r, ranges.len())?;
             let (conv_out, conv_carry) =
                 m.causal_conv1d_silu(&qkv, conv, carried.map(|c| c.0), spec.conv_kernel)?;
             let (core, recurrent) =
                 m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
-            cores.push(core);
-            states.push(LayerState::DeltaNet {
+            let state = LayerState::DeltaNet {
                 conv: conv_carry,
                 recurrent,
-            });
-        }
+            };
+            Ok((core, state))
+        })?;
         let core = self.join_rows(cores)?;
         let dv = spec.value_dim;
         trace(format!("{p}.norm.in0"), &|| {
