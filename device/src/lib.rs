@@ -7,6 +7,7 @@
 //! [`cpu::CpuMesh`] is the reference backend: every shard is host memory, one rayon task per
 //! device, collectives are real reductions between shards. [`tt::TtMesh`] drives a Tenstorrent
 //! mesh through the C ABI of a shim library loaded at run time (the host shim in CI).
+//! [`select`] is the backend a run chose and where its workers' meshes sit.
 
 pub mod cpu;
 mod error;
@@ -16,6 +17,7 @@ mod mesh;
 pub mod numerics;
 mod ops;
 pub mod plan;
+pub mod select;
 pub mod tt;
 
 pub use error::DeviceError;

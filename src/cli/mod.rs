@@ -23,13 +23,14 @@ mod tt_output;
 use anyhow::{bail, Context};
 use args::{BenchCommand, Cli, Command};
 use clap::Parser;
+use clef_device::select::{Backend, MeshLayout};
 use clef_device::{MeshOps, MeshShape, Numerics, WeightFormat};
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
 use clef_tt::precision::Precision;
 use clef_tt::random::make_random;
-use device::{on_device, MeshLayout};
+use device::on_device;
 use std::path::PathBuf;
 
 /// How long a client waits for one reply (a 16k-token miss on the CPU takes minutes).
@@ -101,10 +102,10 @@ fn tune_allocator() {}
 impl args::ProfileArgs {
     /// The checkpoint, the device, the profile (the device's default when none is asked)
     /// and the one mesh.
-    fn resolve(&self) -> anyhow::Result<(Checkpoint, device::Device, Precision, MeshLayout)> {
+    fn resolve(&self) -> anyhow::Result<(Checkpoint, Backend, Precision, MeshLayout)> {
         let ckpt = open(self.model.clone(), None)?;
         let device = self.device.resolve()?;
-        let precision = device.precision(self.profile.as_deref())?;
+        let precision = device::precision(&device, self.profile.as_deref())?;
         Ok((ckpt, device, precision, MeshLayout::single(self.mesh)))
     }
 }
@@ -155,7 +156,7 @@ pub fn main() -> anyhow::Result<()> {
                 None => {
                     let ckpt = open(model.model.clone(), model.revision.as_deref())?;
                     let device = model.device.resolve()?;
-                    let precision = device.precision(model.precision.as_deref())?;
+                    let precision = device::precision(&device, model.precision.as_deref())?;
                     let rule = match max_length {
                         Some(max_length) => LengthRule::Reference { max_length },
                         None => limits.rule(),
@@ -242,12 +243,16 @@ pub fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Devices { device, check } => {
-            let text = if check {
-                device::check(&device)?
-            } else {
-                device::report(&device)?
-            };
-            print!("{text}");
+            let backend = device.resolve()?;
+            if check {
+                print!("{}", clef_device::select::check(&backend)?);
+                return Ok(());
+            }
+            let report = clef_device::select::report(&backend)?;
+            print!("{}", report.text);
+            if !report.failed.is_empty() {
+                bail!("the {} cannot be opened", report.failed.join(" and "));
+            }
             Ok(())
         }
         Command::Bench { what } => run_bench(what),
@@ -292,15 +297,6 @@ fn plan_on_device(
     Ok(())
 }
 
-/// What runs a shim's ops: `silicon`, `mock` or `host`.
-fn hardware(shim: &clef_device::tt::Shim) -> String {
-    shim.describe()
-        .ok()
-        .and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
-        .and_then(|v| v["hardware"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "tt".into())
-}
-
 fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
     println!(
         "CPU kernels: {} ({} threads)\n",
@@ -323,7 +319,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             if model.is_some() || profile {
                 bail!("--shape measures synthetic weights: drop --model and --profile");
             }
-            let device::Device::Tt(shim) = device.resolve()? else {
+            let Backend::Tt(shim) = device.resolve()? else {
                 bail!("--shape measures the Tenstorrent device path: pass --device tt");
             };
             if shim.backend() != "ttnn" {
@@ -348,14 +344,13 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             for name in &names {
                 let p = Precision::resolve(name, |_| None)?;
                 for &shape_of_mesh in &mesh {
-                    let tt =
-                        device::open_tt(&shim, MeshLayout::single(shape_of_mesh), 0, p.numerics())?;
+                    let tt = MeshLayout::single(shape_of_mesh).open_tt(&shim, 0, p.numerics())?;
                     let bb = bench_chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
                     let rows =
                         bench_chunk::measure(&bb, &p.weight_formats(), &tokens, &start, repeat)?;
                     println!(
                         "{shape:?} on a {shape_of_mesh} {} mesh, profile {}:\n",
-                        hardware(&shim),
+                        clef_device::select::hardware(&shim),
                         p.name
                     );
                     print!("{}", bench_chunk::table(&rows));
@@ -401,7 +396,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                     repeats: repeat,
                 };
                 if profile {
-                    if !matches!(device, device::Device::Cpu) {
+                    if !matches!(device, Backend::Cpu) {
                         bail!(
                             "--profile times the CPU mesh's ops; it does not apply to --device tt"
                         );

@@ -19,3 +19,12 @@ pub fn bar(label: &str) -> (ProgressBar, impl Fn(usize, usize)) {
     };
     (pb, report)
 }
+
+/// A bar cleared from the terminal when dropped.
+pub struct Cleared(pub ProgressBar);
+
+impl Drop for Cleared {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}

@@ -5,21 +5,21 @@
 //! [`stop_while_starting`]).
 
 use super::args::ServeArgs;
-use super::device::{on_device, Device, MeshLayout};
+use super::device::on_device;
 use anyhow::Context;
+use clef_device::select::{Backend, MeshLayout};
 use clef_device::MeshOps;
 use clef_tt::api::server::{router, AppState, ServerSettings};
-use clef_tt::backbone::Backbone;
 use clef_tt::checkpoint::Checkpoint;
 use clef_tt::encode::LengthRule;
-use clef_tt::engine::prefix_cache::{boundary, PrefixCacheConfig, PrefixCacheStats, PREFIX_ALIGN};
+use clef_tt::engine::prefix_cache::PREFIX_ALIGN;
+use clef_tt::engine::serving::{
+    self, LoadProgress, PrefixCacheOptions, PrefixCachePlan, WeightSource, WorkerSpec,
+};
 use clef_tt::engine::worker::{Engine, Packing};
-use clef_tt::engine::{Pipeline, PREFILL_CHUNK};
 use clef_tt::precision::Precision;
-use clef_tt::request::{parse_body, validate, HostLimits};
-use clef_tt::tensor_cache::TensorCache;
+use clef_tt::request::HostLimits;
 use serde_json::json;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,7 @@ pub struct ServeOptions {
     pub workers: usize,
     /// Where the workers' meshes sit (`layout.shape` is each worker's mesh).
     pub layout: MeshLayout,
-    pub device: Device,
+    pub device: Backend,
     pub precision: Precision,
     pub max_queue: usize,
     pub rule: LengthRule,
@@ -65,56 +65,20 @@ pub struct ServeOptions {
     pub packing: Packing,
 }
 
-/// Most requests a worker takes at once to pack.
-pub const PACK_MAX_REQUESTS: usize = 16;
-
-/// `--pack-tokens` and `--pack-wait-ms`: the tokens asked, else one prefill chunk on `tt` (the
-/// rows the device path is sized for) and none on the CPU, where packing measured no gain
-/// (docs/packing.md).
-fn packing(tokens: Option<usize>, wait_ms: u64, device: &Device) -> Packing {
-    let tokens = tokens.unwrap_or(match device {
-        Device::Tt(_) => PREFILL_CHUNK,
-        _ => 0,
-    });
-    match tokens {
-        0 => Packing::OFF,
-        tokens => Packing {
-            tokens,
-            max_jobs: PACK_MAX_REQUESTS,
-            wait: Duration::from_millis(wait_ms),
-        },
-    }
-}
-
-/// The device deadline on a Tenstorrent device unless one is set (docs/reliability.md, "A hung device"): the
-/// longest legal time between two progress marks on a P150x2 is a 1,024-token chunk (0.34 s of
-/// device time as the port measured it) plus, on a cold kernel cache, compiling the programs a
-/// new chunk shape needs (~60-120 s): 300 s is 2.5x that.
-pub const TT_DEVICE_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// The exit status after a missed device deadline (EX_TEMPFAIL: restart me).
 pub const EXIT_DEVICE_HUNG: i32 = 75;
-
-/// `--device-timeout`: seconds (0: none), else [`TT_DEVICE_TIMEOUT`] on `tt`, none on the CPU.
-fn device_timeout(asked: Option<f64>, device: &Device) -> anyhow::Result<Option<Duration>> {
-    match asked {
-        Some(s) => {
-            let d = Duration::try_from_secs_f64(s).map_err(|_| {
-                anyhow::anyhow!("--device-timeout must be a number of seconds >= 0, not {s}")
-            })?;
-            Ok((!d.is_zero()).then_some(d))
-        }
-        None => Ok(matches!(device, Device::Tt(_)).then_some(TT_DEVICE_TIMEOUT)),
-    }
-}
 
 impl ServeOptions {
     pub fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
         let is_default_model = super::requested_model(a.model.model.clone()).is_none();
         let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
         let device = a.model.device.resolve_for_serving()?;
-        let device_timeout = device_timeout(a.device_timeout, &device)?;
-        let packing = packing(a.pack_tokens, a.pack_wait_ms, &device);
+        let device_timeout = serving::device_timeout(a.device_timeout, &device)?;
+        let packing = serving::packing(
+            a.pack_tokens,
+            Duration::from_millis(a.pack_wait_ms),
+            &device,
+        );
         Ok(ServeOptions {
             model_dir,
             is_default_model,
@@ -128,7 +92,7 @@ impl ServeOptions {
                 first_offset: a.submesh_offset,
                 workers: a.workers.max(1),
             },
-            precision: device.precision(a.model.precision.as_deref())?,
+            precision: super::device::precision(&device, a.model.precision.as_deref())?,
             device,
             max_queue: a.max_queue,
             rule: a.limits.rule(),
@@ -166,74 +130,6 @@ impl ServeOptions {
         })
     }
 }
-
-/// The prefix cache as asked for (`CLEF_PREFIX_CACHE`, `CLEF_PREFIX_CACHE_BYTES`,
-/// `CLEF_PLANNER`).
-pub struct PrefixCacheOptions {
-    pub slots: usize,
-    /// For all workers together; `None`: half the memory available at start.
-    pub max_bytes: Option<usize>,
-    pub planner: bool,
-}
-
-/// What the server runs with after fitting the asked slots under the byte cap.
-struct PrefixCachePlan {
-    config: PrefixCacheConfig,
-    asked_slots: usize,
-    slot_bytes: usize,
-    cap: Option<usize>,
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-fn available_memory() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Fit the slots under the cap: a slot can grow to the longest cacheable state piece, so
-/// `workers × slots × slot_bytes` must stay under it; fewer slots (with a warning) otherwise.
-fn plan_prefix_cache(o: &ServeOptions, slot_bytes_at: impl Fn(usize) -> usize) -> PrefixCachePlan {
-    let asked = &o.prefix_cache;
-    let longest = match o.rule {
-        LengthRule::Server { max_state, .. } => max_state,
-        LengthRule::Reference { max_length } => max_length,
-    };
-    let p = boundary(longest, PREFILL_CHUNK, asked.planner).unwrap_or(0);
-    let slot_bytes = slot_bytes_at(p);
-    let cap = asked
-        .max_bytes
-        .or_else(|| available_memory().map(|m| m / 2));
-    let workers = o.workers.max(1);
-    let mut slots = asked.slots;
-    if let Some(cap) = cap {
-        let fit = cap / workers / slot_bytes.max(1);
-        if fit < slots {
-            tracing::warn!(
-                asked = slots,
-                kept = fit,
-                slot_mib = slot_bytes >> 20,
-                cap_mib = cap >> 20,
-                "the prefix cache would not fit its byte cap at the longest state: fewer slots per worker"
-            );
-            slots = fit;
-        }
-    }
-    PrefixCachePlan {
-        config: PrefixCacheConfig {
-            slots,
-            max_bytes: cap.map(|c| c / workers),
-            planner: asked.planner,
-        },
-        asked_slots: asked.slots,
-        slot_bytes,
-        cap,
-    }
-}
-
-/// A tiny request each worker answers before it counts as ready.
-const WARMUP: &str = r#"{"model":"warmup","state":"warm-up","questions":{"ok":{"type":"noul","instructions":"Is the server ready?"}}}"#;
 
 /// The media part of the card's limits: whether media are on (the checkpoint has a vision
 /// tower) and their bounds.
@@ -374,7 +270,7 @@ pub fn run(o: ServeOptions) -> anyhow::Result<()> {
         .enable_all()
         .worker_threads(2)
         .build()?;
-    let stop = Stop::watch(&runtime, matches!(o.device, Device::Tt(_)))?;
+    let stop = Stop::watch(&runtime, matches!(o.device, Backend::Tt(_)))?;
     // Bound before the weights load, so a port that is taken fails the start at once (and not
     // after minutes of loading); connections wait in the backlog until the server serves.
     let addr = format!("{}:{}", o.host, o.port);
@@ -442,51 +338,6 @@ fn stop_while_starting(tt: bool) -> ! {
     std::process::exit(0)
 }
 
-/// The tensor cache kept under `root` (`--tensor-cache-root`, tt-model's `TT_CACHE_PATH`) for
-/// this backend, mesh and profile: opened when it matches the checkpoint, else converted from
-/// it on `mesh` first (the first start, or a changed checkpoint or profile). `None` when it
-/// can be neither read nor written (a read-only mount): the weights then load from the
-/// checkpoint, as without a cache.
-fn managed_cache<B: MeshOps>(
-    root: &Path,
-    ckpt: &Checkpoint,
-    mesh: &B,
-    o: &ServeOptions,
-) -> Option<TensorCache> {
-    let backend = mesh.backend_name();
-    let shape = o.layout.shape.to_string();
-    let profile = &o.precision.name;
-    let formats = o.precision.weight_formats();
-    let dir = root
-        .join("clef-tt")
-        .join(format!("{backend}-{shape}-{profile}"));
-    let open = || TensorCache::open(&dir, ckpt, backend, &shape, profile, &formats);
-    match open() {
-        Ok(cache) => return Some(cache),
-        Err(e) => {
-            let why = match e {
-                clef_tt::tensor_cache::CacheError::Stale(why, _) => why,
-                other => other.to_string(),
-            };
-            tracing::info!(why, "converting the weights into the tensor cache");
-        }
-    }
-    let t0 = std::time::Instant::now();
-    let (pb, report) = super::progress::bar("converting");
-    let converted = clef_tt::tensor_cache::convert(ckpt, mesh, profile, &formats, &dir, &report);
-    pb.finish_and_clear();
-    match converted.and_then(|_| open()) {
-        Ok(cache) => {
-            tracing::info!(dir = %dir.display(), ms = t0.elapsed().as_millis() as u64, "tensor cache written");
-            Some(cache)
-        }
-        Err(e) => {
-            tracing::warn!(root = %root.display(), "the tensor cache cannot be written ({e}): loading from the checkpoint");
-            None
-        }
-    }
-}
-
 /// Load one pipeline per worker on meshes `open(i)` gives, then serve on `listener`.
 fn run_on<B>(
     o: &ServeOptions,
@@ -505,96 +356,32 @@ where
         tracing::warn!("serving the built-in DEMO model (tiny, random weights): its answers mean nothing; pass --model for a real checkpoint");
     }
     tracing::info!(device = %o.device.describe(), "device");
-    let mut first = Some(open(0)?);
-    let backend = first.as_ref().map_or("cpu", |m| m.backend_name());
-    let cache = match (&o.tensor_cache, &o.tensor_cache_root, &first) {
-        (Some(dir), _, _) => Some(TensorCache::open(
-            dir,
-            &ckpt,
-            backend,
-            &o.layout.shape.to_string(),
-            &o.precision.name,
-            &o.precision.weight_formats(),
-        )?),
-        (None, Some(root), Some(mesh)) => managed_cache(root, &ckpt, mesh, o),
-        _ => None,
+    let weights = match (&o.tensor_cache, &o.tensor_cache_root) {
+        (Some(dir), _) => WeightSource::Cache(dir),
+        (None, Some(root)) => WeightSource::ManagedCache(root),
+        (None, None) => WeightSource::Checkpoint,
     };
-    let mut pipelines = Vec::new();
-    let cache_stats = Arc::new(PrefixCacheStats::default());
-    let mut cache_plan = None;
-    for i in 0..o.workers.max(1) {
-        let mesh = match first.take() {
-            Some(m) => m,
-            None => open(i)?,
-        };
-        tracing::info!(worker = i, mesh = %o.layout.shape, precision = %o.precision.name, "loading weights");
-        let formats = o.precision.weight_formats();
-        let t0 = std::time::Instant::now();
-        let backbone = match &cache {
-            Some(cache) => {
-                let (pb, report) = super::progress::bar("loading the tensor cache");
-                let b = cache.load_backbone(
-                    &ckpt,
-                    mesh,
-                    &formats,
-                    o.precision.bf16_embeddings(),
-                    &report,
-                )?;
-                pb.finish_and_clear();
-                b
-            }
-            None => {
-                let (pb, report) = super::progress::bar("loading the checkpoint");
-                let b = Backbone::load_reporting(
-                    &ckpt,
-                    mesh,
-                    &formats,
-                    o.precision.bf16_embeddings(),
-                    &report,
-                )?;
-                pb.finish_and_clear();
-                b
-            }
-        };
-        let pipeline = Pipeline::with_backbone(&ckpt, backbone, formats.vision)?;
-        let usage = pipeline.backbone.mesh().usage();
-        tracing::info!(
-            worker = i,
-            ms = t0.elapsed().as_millis() as u64,
-            from_cache = cache.is_some(),
-            device_mib = usage
-                .as_ref()
-                .map(|u| u.bytes_per_device.iter().sum::<u64>() >> 20),
-            "weights placed"
-        );
-        let plan = cache_plan
-            .get_or_insert_with(|| plan_prefix_cache(o, |p| pipeline.prefix_slot_bytes(p)));
-        pipelines.push(
-            pipeline
-                .with_prefix_cache(plan.config, cache_stats.clone())
-                .with_media_limits(o.media_limits.clone()),
-        );
-    }
-    let cache_plan = cache_plan.ok_or_else(|| anyhow::anyhow!("no workers"))?;
-    tracing::info!(
-        slots = cache_plan.config.slots,
-        slot_mib = cache_plan.slot_bytes >> 20,
-        planner = cache_plan.config.planner,
-        "prefix cache"
-    );
+    let spec = WorkerSpec {
+        precision: &o.precision,
+        workers: o.workers,
+        shape: o.layout.shape,
+        weights,
+        media_limits: &o.media_limits,
+        prefix_cache: o.prefix_cache,
+        rule: o.rule,
+    };
+    let workers = serving::load_workers(&ckpt, &spec, &|i| Ok(open(i)?), &Bars)?;
     let rule = o.rule;
     let limits = host_limits(o);
-    let warmup = if o.warmup {
-        let value = parse_body(WARMUP.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
-        Some((
-            validate(&value, None).map_err(|e| anyhow::anyhow!("{e}"))?,
-            rule,
-        ))
-    } else {
-        None
-    };
-    let engine = Engine::start(pipelines, o.max_queue, warmup, o.device_timeout, o.packing);
-    let card = card(o, &ckpt, &limits, &cache_plan, &engine.packing);
+    let warmup = o.warmup.then(|| serving::warmup(rule)).transpose()?;
+    let engine = Engine::start(
+        workers.pipelines,
+        o.max_queue,
+        warmup,
+        o.device_timeout,
+        o.packing,
+    );
+    let card = card(o, &ckpt, &limits, &workers.prefix_cache, &engine.packing);
     let settings = server_settings(o, &ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);
     stop.serving.store(true, Ordering::SeqCst);
@@ -701,61 +488,16 @@ impl Signals {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Progress bars on stderr for the loads of [`serving::load_workers`].
+struct Bars;
 
-    fn options(slots: usize, max_bytes: Option<usize>, workers: usize) -> ServeOptions {
-        ServeOptions {
-            model_dir: "unused".into(),
-            is_default_model: true,
-            revision: None,
-            host: "127.0.0.1".into(),
-            port: 0,
-            workers,
-            layout: MeshLayout::single(clef_device::MeshShape::ONE),
-            device: Device::Cpu,
-            precision: Precision::resolve("f32", |_| None).unwrap(),
-            max_queue: 4,
-            rule: LengthRule::Server {
-                max_state: 16384,
-                max_tail: 4096,
-                truncate: false,
-            },
-            api_key: None,
-            account_id: None,
-            model_names: vec![],
-            warmup: false,
-            strict: false,
-            max_body_bytes: 1 << 20,
-            refused_body_drain: clef_tt::api::DrainBounds::for_limit(1 << 20),
-            demo: false,
-            media_limits: Default::default(),
-            prefix_cache: PrefixCacheOptions {
-                slots,
-                max_bytes,
-                planner: false,
-            },
-            tensor_cache: None,
-            tensor_cache_root: None,
-            ready_message: None,
-            shutdown_timeout: Duration::from_secs(90),
-            device_timeout: None,
-            packing: Packing::OFF,
-        }
-    }
-
-    #[test]
-    fn slots_shrink_to_fit_the_byte_cap_of_all_workers() {
-        // A slot at the longest state piece (16,384 tokens) holds 16,384 bytes here.
-        let per_token = |p: usize| p;
-        let plan = plan_prefix_cache(&options(4, Some(100_000), 2), per_token);
-        assert_eq!(plan.slot_bytes, 16384);
-        assert_eq!(plan.config.slots, 3); // 100,000 / 2 workers / 16,384
-        assert_eq!(plan.config.max_bytes, Some(50_000));
-        let roomy = plan_prefix_cache(&options(4, Some(1 << 30), 1), per_token);
-        assert_eq!(roomy.config.slots, 4);
-        let off = plan_prefix_cache(&options(0, Some(1 << 30), 1), per_token);
-        assert_eq!(off.config.slots, 0);
+impl LoadProgress for Bars {
+    fn stage(&self, label: &str) -> Box<dyn Fn(usize, usize) + '_> {
+        let (bar, report) = super::progress::bar(label);
+        let cleared = super::progress::Cleared(bar);
+        Box::new(move |done, total| {
+            let _ = &cleared;
+            report(done, total)
+        })
     }
 }

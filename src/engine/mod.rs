@@ -3,11 +3,12 @@
 //! spliced at the pad positions, M-RoPE positions) → joint head on the host → the reference's
 //! response.
 //! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
-//! state prefixes a worker has seen recently.
+//! state prefixes a worker has seen recently; `serving` builds a server's workers.
 
 pub mod deadline;
 mod packing;
 pub mod prefix_cache;
+pub mod serving;
 pub mod worker;
 
 use crate::backbone::{Backbone, LoadError, PrefillError, PrefillState, WeightFormats};
