@@ -5,6 +5,8 @@
 //! Workers AI's hosted route and its rules (`workers_ai`) and the metrics. The request model
 //! itself (parsing, validation, questions, answers, refusals) is `crate::request`'s.
 
+pub mod client;
+pub mod config;
 pub mod contract;
 pub mod demo;
 mod drain;

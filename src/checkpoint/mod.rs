@@ -13,6 +13,7 @@
 mod config;
 mod head;
 mod hub;
+pub mod inspect;
 mod rows;
 pub mod shapes;
 mod tensors;

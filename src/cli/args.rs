@@ -414,7 +414,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "http://127.0.0.1:8008")]
         url: String,
         #[command(flatten)]
-        options: super::bench_http::HttpBenchOptions,
+        options: clef_tt::bench::http::HttpBenchOptions,
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,

@@ -64,7 +64,7 @@ pub fn run<B: MeshOps>(
 /// Send every body of `text` to the server behind `client`, writing one line each to `out`.
 /// A server that cannot be reached is an error (nothing more is sent).
 pub fn run_remote(
-    client: &super::http_client::Client,
+    client: &clef_tt::api::client::Client,
     text: &str,
     out: &mut impl Write,
 ) -> anyhow::Result<usize> {

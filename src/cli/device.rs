@@ -9,7 +9,7 @@ use clef_tt::precision::Precision;
 
 impl DeviceArgs {
     /// The backend, with its shim loaded (and checked) for `tt`; tt-metal's log and generated
-    /// files kept out of stdout and the working directory (`tt_output`).
+    /// files kept out of stdout and the working directory (`clef_device::tt::output`).
     pub fn resolve(&self) -> anyhow::Result<Backend> {
         self.load(true)
     }
@@ -23,7 +23,7 @@ impl DeviceArgs {
     fn load(&self, log_to_file: bool) -> anyhow::Result<Backend> {
         match self.device.as_str() {
             "tt" => {
-                super::tt_output::place(log_to_file);
+                clef_device::tt::output::place(log_to_file);
                 Ok(Backend::Tt(Shim::load(self.tt_shim.as_deref())?))
             }
             _ => Ok(Backend::Cpu),

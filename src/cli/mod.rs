@@ -1,30 +1,25 @@
 //! The `clef-tt` command line: `args` defines it, `main` dispatches each subcommand to its
-//! module (`serve`, `inspect`, `decide`, `eval`, `convert`, `bench`, `bench_http`, `devices` in
-//! `device`); `device` picks the CPU mesh or a Tenstorrent mesh for the commands that run the
-//! model.
+//! module (`serve`, `inspect`, `decide`, `eval`, `convert`; `bench` and `devices` to the library's
+//! `bench` and `clef_device::select`); `device` picks the CPU mesh or a Tenstorrent mesh for the
+//! commands that run the model.
 
 pub mod args;
-pub mod bench;
-pub mod bench_chunk;
-pub mod bench_http;
 pub mod convert;
 pub mod decide;
 pub mod device;
 #[cfg(test)]
 mod doc_commands;
-pub mod eval;
-pub mod http_client;
-pub mod inspect;
 pub mod progress;
 pub mod serve;
 mod settings;
-mod tt_output;
 
 use anyhow::{bail, Context};
 use args::{BenchCommand, Cli, Command};
 use clap::Parser;
 use clef_device::select::{Backend, MeshLayout};
 use clef_device::{MeshOps, MeshShape, Numerics, WeightFormat};
+use clef_tt::api::client::Client;
+use clef_tt::bench;
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::Pipeline;
@@ -123,11 +118,11 @@ pub fn main() -> anyhow::Result<()> {
         .init();
     settings::apply_settings_file()?;
     match Cli::parse().command {
-        Command::Serve(a) => serve::run(serve::ServeOptions::from_args(a)?),
-        Command::Openapi(a) => serve::print_openapi(&serve::ServeOptions::from_args(a)?),
+        Command::Serve(a) => serve::run(serve::options(a)?),
+        Command::Openapi(a) => serve::print_openapi(&serve::options(a)?),
         Command::Inspect { model, revision } => {
             let ckpt = open(model, revision.as_deref())?;
-            let (text, problems) = inspect::report(&ckpt)?;
+            let (text, problems) = clef_tt::checkpoint::inspect::report(&ckpt)?;
             print!("{text}");
             if !problems.is_empty() {
                 for p in &problems {
@@ -150,7 +145,7 @@ pub fn main() -> anyhow::Result<()> {
             let stdout = std::io::stdout();
             let n = match url {
                 Some(url) => {
-                    let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+                    let client = Client::new(&url, api_key(), HTTP_TIMEOUT);
                     decide::run_remote(&client, &text, &mut stdout.lock())?
                 }
                 None => {
@@ -174,13 +169,16 @@ pub fn main() -> anyhow::Result<()> {
         Command::Eval { placed, goldens } => {
             let (ckpt, device, precision, layout) = placed.resolve()?;
             let report = on_device!(&device, layout, precision.numerics(), |open| {
-                eval::run(&pipeline(&ckpt, open(0)?, &precision)?, &goldens)?
+                clef_tt::engine::eval::run(&pipeline(&ckpt, open(0)?, &precision)?, &goldens)?
             });
             for (id, err) in &report.failures {
                 eprintln!("{id}: {err}");
             }
             eprintln!("{} records scored", report.records);
-            println!("{}", eval::summary(&precision.name, &report));
+            println!(
+                "{}",
+                clef_tt::engine::eval::summary(&precision.name, &report)
+            );
             Ok(())
         }
         Command::Convert { placed, out } => {
@@ -345,16 +343,16 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 let p = Precision::resolve(name, |_| None)?;
                 for &shape_of_mesh in &mesh {
                     let tt = MeshLayout::single(shape_of_mesh).open_tt(&shim, 0, p.numerics())?;
-                    let bb = bench_chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
+                    let bb = bench::chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
                     let rows =
-                        bench_chunk::measure(&bb, &p.weight_formats(), &tokens, &start, repeat)?;
+                        bench::chunk::measure(&bb, &p.weight_formats(), &tokens, &start, repeat)?;
                     println!(
                         "{shape:?} on a {shape_of_mesh} {} mesh, profile {}:\n",
                         clef_device::select::hardware(&shim),
                         p.name
                     );
-                    print!("{}", bench_chunk::table(&rows));
-                    bench_chunk::check(&rows, max_device_ops)?;
+                    print!("{}", bench::chunk::table(&rows));
+                    bench::chunk::check(&rows, max_device_ops)?;
                 }
             }
         }
@@ -389,7 +387,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             let peak_before = clef_device::cpu::fma_peak_gflops();
             let mut rows = Vec::new();
             for &shape in &mesh {
-                let run = bench::PrefillRun {
+                let run = bench::model::PrefillRun {
                     ckpt: &ckpt,
                     profiles: &profiles,
                     lengths: &tokens,
@@ -409,12 +407,12 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 } else {
                     let layout = MeshLayout::single(shape);
                     for p in &profiles {
-                        let one = bench::PrefillRun {
+                        let one = bench::model::PrefillRun {
                             profiles: std::slice::from_ref(p),
                             ..run
                         };
                         on_device!(&device, layout, p.numerics(), |open| {
-                            rows.extend(one.on(shape, &|_| open(0), &|_| Vec::new())?)
+                            rows.extend(one.on(shape, &|_| Ok(open(0)?), &|_| Vec::new())?)
                         });
                     }
                 }
@@ -427,23 +425,23 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             if let (Some(a), Some(b)) = (peak_before, peak_after) {
                 println!("FMA peak, all threads: {a:.0} GFLOP/s before, {b:.0} after (the higher is used)\n");
             }
-            print!("{}", bench::table(&rows, peak));
+            print!("{}", bench::model::table(&rows, peak));
             if let Some(mib) = bench::peak_rss_mib() {
                 println!("peak resident memory of the run: {mib:.0} MiB");
             }
         }
         BenchCommand::Http { url, options, json } => {
-            let client = http_client::Client::new(&url, api_key(), HTTP_TIMEOUT);
+            let client = Client::new(&url, api_key(), HTTP_TIMEOUT);
             let compare = options
                 .compare
                 .as_ref()
-                .map(|other| http_client::Client::new(other, api_key(), HTTP_TIMEOUT));
-            let report = bench_http::run(&client, &url, &options, compare.as_ref())?;
+                .map(|other| Client::new(other, api_key(), HTTP_TIMEOUT));
+            let report = bench::http::run(&client, &url, &options, compare.as_ref())?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)?)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            print!("{}", bench_http::markdown(&report));
+            print!("{}", bench::http::markdown(&report));
         }
         BenchCommand::Vision {
             sizes,
@@ -454,8 +452,8 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
         } => {
             let sizes = sizes
                 .iter()
-                .map(|s| bench::image_size(s))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(|s| bench::model::image_size(s))
+                .collect::<Result<Vec<_>, _>>()?;
             let format = weight_format(&format)?;
             let mut rows = Vec::new();
             for &shape in &mesh {
@@ -464,17 +462,17 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 } else {
                     clef_device::cpu::CpuMesh::new(shape)
                 };
-                rows.extend(bench::vision(&mesh, format, &sizes, repeat)?);
+                rows.extend(bench::model::vision(&mesh, format, &sizes, repeat)?);
                 for (op, seconds, calls) in mesh.profile_report() {
                     eprintln!("  {shape} {op:>20}: {seconds:8.2} s in {calls} calls");
                 }
             }
-            print!("{}", bench::vision_table(&rows));
+            print!("{}", bench::model::vision_table(&rows));
         }
         BenchCommand::Head { rows, repeat } => {
-            let rows = bench::head(&rows, repeat)?;
+            let rows = bench::model::head(&rows, repeat)?;
             let peak = clef_device::cpu::fma_peak_gflops();
-            print!("{}", bench::head_table(&rows, peak));
+            print!("{}", bench::model::head_table(&rows, peak));
         }
     }
     Ok(())

@@ -9,159 +9,78 @@ use super::device::on_device;
 use anyhow::Context;
 use clef_device::select::{Backend, MeshLayout};
 use clef_device::MeshOps;
-use clef_tt::api::server::{router, AppState, ServerSettings};
+use clef_tt::api::config::ServeOptions;
+use clef_tt::api::server::{router, AppState};
 use clef_tt::checkpoint::Checkpoint;
-use clef_tt::encode::LengthRule;
-use clef_tt::engine::prefix_cache::PREFIX_ALIGN;
-use clef_tt::engine::serving::{
-    self, LoadProgress, PrefixCacheOptions, PrefixCachePlan, WeightSource, WorkerSpec,
-};
-use clef_tt::engine::worker::{Engine, Packing};
-use clef_tt::precision::Precision;
-use clef_tt::request::HostLimits;
+use clef_tt::engine::serving::{self, LoadProgress, PrefixCacheOptions, WeightSource, WorkerSpec};
+use clef_tt::engine::worker::Engine;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Everything `serve` needs, resolved from flags and `CLEF_*` variables.
-pub struct ServeOptions {
-    pub model_dir: std::path::PathBuf,
-    pub is_default_model: bool,
-    pub revision: Option<String>,
-    pub host: String,
-    pub port: u16,
-    pub workers: usize,
-    /// Where the workers' meshes sit (`layout.shape` is each worker's mesh).
-    pub layout: MeshLayout,
-    pub device: Backend,
-    pub precision: Precision,
-    pub max_queue: usize,
-    pub rule: LengthRule,
-    pub api_key: Option<String>,
-    /// The only account id the Workers AI route accepts.
-    pub account_id: Option<String>,
-    pub model_names: Vec<String>,
-    pub warmup: bool,
-    pub strict: bool,
-    pub max_body_bytes: usize,
-    /// How much of a body refused unread is drained before the answer.
-    pub refused_body_drain: clef_tt::api::DrainBounds,
-    /// Serve the browser demo page at `/`.
-    pub demo: bool,
-    /// Bounds on images and videos.
-    pub media_limits: clef_tt::media::MediaLimits,
-    pub prefix_cache: PrefixCacheOptions,
-    pub tensor_cache: Option<std::path::PathBuf>,
-    /// Where converted weights are kept (`TT_CACHE_PATH`): converted on the first start.
-    pub tensor_cache_root: Option<std::path::PathBuf>,
-    /// Written to stderr once every worker is ready.
-    pub ready_message: Option<String>,
-    /// How long the requests in flight get after SIGTERM (and after a missed device deadline).
-    pub shutdown_timeout: Duration,
-    /// The device deadline (`None`: none).
-    pub device_timeout: Option<Duration>,
-    /// How workers pack queued requests into shared prefill passes.
-    pub packing: Packing,
-}
-
 /// The exit status after a missed device deadline (EX_TEMPFAIL: restart me).
 pub const EXIT_DEVICE_HUNG: i32 = 75;
 
-impl ServeOptions {
-    pub fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
-        let is_default_model = super::requested_model(a.model.model.clone()).is_none();
-        let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
-        let device = a.model.device.resolve_for_serving()?;
-        let device_timeout = serving::device_timeout(a.device_timeout, &device)?;
-        let packing = serving::packing(
-            a.pack_tokens,
-            Duration::from_millis(a.pack_wait_ms),
-            &device,
-        );
-        Ok(ServeOptions {
-            model_dir,
-            is_default_model,
-            revision: a.model.revision.clone(),
-            host: a.host,
-            port: a.port,
-            workers: a.workers,
-            layout: MeshLayout {
-                shape: a.model.mesh,
-                parent: a.parent_mesh,
-                first_offset: a.submesh_offset,
-                workers: a.workers.max(1),
-            },
-            precision: super::device::precision(&device, a.model.precision.as_deref())?,
-            device,
-            max_queue: a.max_queue,
-            rule: a.limits.rule(),
-            api_key: a.api_key,
-            account_id: a.account_id,
-            model_names: a
-                .model_names
-                .into_iter()
-                .filter(|n| !n.is_empty())
-                .collect(),
-            warmup: a.warmup,
-            strict: a.strict,
-            max_body_bytes: a.max_body_bytes,
-            refused_body_drain: clef_tt::api::DrainBounds {
-                max_bytes: a
-                    .drain_max_bytes
-                    .unwrap_or(clef_tt::api::DrainBounds::for_limit(a.max_body_bytes).max_bytes),
-                max_time: Duration::try_from_secs_f64(a.drain_secs).map_err(|_| {
-                    anyhow::anyhow!("--drain-secs must be a number of seconds >= 0")
-                })?,
-            },
-            demo: a.demo,
-            media_limits: a.media.limits(),
-            tensor_cache: a.tensor_cache,
-            tensor_cache_root: a.tensor_cache_root.filter(|p| !p.as_os_str().is_empty()),
-            ready_message: a.ready_message.filter(|m| !m.is_empty()),
-            shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
-            device_timeout,
-            packing,
-            prefix_cache: PrefixCacheOptions {
-                slots: a.prefix_cache,
-                max_bytes: a.prefix_cache_bytes,
-                planner: a.planner,
-            },
-        })
-    }
-}
-
-/// The media part of the card's limits: whether media are on (the checkpoint has a vision
-/// tower) and their bounds.
-fn media_card(m: &clef_tt::media::MediaLimits, on: bool) -> serde_json::Value {
-    serde_json::json!({
-        "enabled": on, "max_images": m.max_images, "max_image_bytes": m.max_image_bytes,
-        "max_image_pixels": m.max_image_pixels, "max_media_bytes": m.max_total_bytes,
-        "max_videos": m.max_videos, "max_video_frames": m.max_frames,
-        "remote_images": m.remote.enabled,
+/// The options `serve` (and `openapi`) run with, from the parsed flags.
+pub fn options(a: ServeArgs) -> anyhow::Result<ServeOptions> {
+    let is_default_model = super::requested_model(a.model.model.clone()).is_none();
+    let model_dir = super::resolve(a.model.model.clone(), a.model.revision.as_deref())?;
+    let device = a.model.device.resolve_for_serving()?;
+    let device_timeout = serving::device_timeout(a.device_timeout, &device)?;
+    let packing = serving::packing(
+        a.pack_tokens,
+        Duration::from_millis(a.pack_wait_ms),
+        &device,
+    );
+    Ok(ServeOptions {
+        model_dir,
+        is_default_model,
+        revision: a.model.revision.clone(),
+        host: a.host,
+        port: a.port,
+        workers: a.workers,
+        layout: MeshLayout {
+            shape: a.model.mesh,
+            parent: a.parent_mesh,
+            first_offset: a.submesh_offset,
+            workers: a.workers.max(1),
+        },
+        precision: super::device::precision(&device, a.model.precision.as_deref())?,
+        device,
+        max_queue: a.max_queue,
+        rule: a.limits.rule(),
+        api_key: a.api_key,
+        account_id: a.account_id,
+        model_names: a
+            .model_names
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect(),
+        warmup: a.warmup,
+        strict: a.strict,
+        max_body_bytes: a.max_body_bytes,
+        refused_body_drain: clef_tt::api::DrainBounds {
+            max_bytes: a
+                .drain_max_bytes
+                .unwrap_or(clef_tt::api::DrainBounds::for_limit(a.max_body_bytes).max_bytes),
+            max_time: Duration::try_from_secs_f64(a.drain_secs)
+                .map_err(|_| anyhow::anyhow!("--drain-secs must be a number of seconds >= 0"))?,
+        },
+        demo: a.demo,
+        media_limits: a.media.limits(),
+        tensor_cache: a.tensor_cache,
+        tensor_cache_root: a.tensor_cache_root.filter(|p| !p.as_os_str().is_empty()),
+        ready_message: a.ready_message.filter(|m| !m.is_empty()),
+        shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        device_timeout,
+        packing,
+        prefix_cache: PrefixCacheOptions {
+            slots: a.prefix_cache,
+            max_bytes: a.prefix_cache_bytes,
+            planner: a.planner,
+        },
     })
-}
-
-/// What the routes know besides the engine.
-fn server_settings(
-    o: &ServeOptions,
-    ckpt: &Checkpoint,
-    rule: LengthRule,
-    limits: HostLimits,
-    card: serde_json::Value,
-) -> ServerSettings {
-    ServerSettings {
-        api_key: o.api_key.clone().filter(|k| !k.is_empty()),
-        model_names: o.model_names.clone(),
-        max_body_bytes: o.max_body_bytes,
-        refused_body_drain: o.refused_body_drain,
-        demo: o.demo,
-        rule,
-        limits,
-        card,
-        media: ckpt.config.vision.is_some().then(|| o.media_limits.clone()),
-        account_id: o.account_id.clone().filter(|a| !a.is_empty()),
-    }
 }
 
 /// `clef-tt openapi`: the document `serve` with the same flags would publish, without loading
@@ -169,102 +88,13 @@ fn server_settings(
 pub fn print_openapi(o: &ServeOptions) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&o.model_dir)
         .with_context(|| format!("opening {}", o.model_dir.display()))?;
-    let settings = server_settings(o, &ckpt, o.rule, host_limits(o), json!({}));
+    let settings = o.settings(&ckpt, o.rule, o.host_limits(), json!({}));
     let doc = clef_tt::api::openapi::document(&settings);
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
 }
 
-fn host_limits(o: &ServeOptions) -> HostLimits {
-    HostLimits {
-        strict: o.strict,
-        ..HostLimits::default()
-    }
-}
-
-/// The model card of `/v1/models`; `packing` is the engine's (off where the mesh cannot pack).
-fn card(
-    o: &ServeOptions,
-    ckpt: &Checkpoint,
-    limits: &HostLimits,
-    cache: &PrefixCachePlan,
-    packing: &Packing,
-) -> serde_json::Value {
-    let name = o.model_names.first().cloned().unwrap_or_else(|| {
-        if o.is_default_model {
-            "clef-tt-demo".into()
-        } else {
-            "clef".into()
-        }
-    });
-    let description = if o.is_default_model {
-        "DEMO: the built-in tiny random-weight Clef checkpoint (answers mean nothing)".to_string()
-    } else {
-        format!(
-            "Cloudflare Clef decision model from {}",
-            o.model_dir.display()
-        )
-    };
-    let t = &ckpt.config.text;
-    let (max_state, max_tail, truncate) = match o.rule {
-        LengthRule::Server {
-            max_state,
-            max_tail,
-            truncate,
-        } => (Some(max_state), Some(max_tail), truncate),
-        LengthRule::Reference { max_length } => (Some(max_length), None, true),
-    };
-    json!({
-        "name": name,
-        "description": description,
-        "release_date": "2026-11-29",
-        "demo": o.is_default_model,
-        // The revision is the commit opened (a snapshot of the HF cache), not the ref asked for:
-        // tt-model leaves an existing refs/main alone, so `main` can name other weights.
-        "weights": {
-            "path": o.model_dir.display().to_string(),
-            "revision": clef_tt::checkpoint::snapshot_commit(&o.model_dir),
-            "requested_revision": o.revision,
-        },
-        "device": o.device.name(),
-        "cpu_kernels": clef_device::cpu::isa::isa().name(),
-        "device_backend": o.device.describe(),
-        "mesh": o.layout.shape.to_string(),
-        "plan": format!("tensor parallel over the {} mesh of each worker", o.layout.shape),
-        "workers": o.workers,
-        "precision": o.precision.card(),
-        "backbone": {"hidden_size": t.hidden_size, "layers": t.layers.len(), "vocab_size": t.vocab_size},
-        "limits": {
-            "max_state_tokens": max_state, "max_tail_tokens": max_tail,
-            "truncate_states": truncate, "max_queue": o.max_queue,
-            "pack_tokens": packing.tokens, "pack_max_requests": packing.max_jobs,
-            "pack_wait_ms": packing.wait.as_millis() as u64,
-            "max_body_bytes": o.max_body_bytes, "max_questions": limits.max_questions,
-            "max_choice_options": limits.max_choice_options, "max_score_levels": limits.max_score_levels,
-            "max_id_chars": limits.max_id_chars, "strict": limits.strict,
-            "media": media_card(&o.media_limits, ckpt.config.vision.is_some()),
-        },
-        "workers_ai": {
-            "routes": clef_tt::api::workers_ai::ROUTES,
-            "models": clef_tt::api::workers_ai::MODELS
-                .iter()
-                .filter(|(_, s)| o.model_names.is_empty() || o.model_names.iter().any(|n| n == s))
-                .map(|(id, _)| *id)
-                .collect::<Vec<_>>(),
-            "account_id": o.account_id,
-        },
-        "prefix_cache": {
-            "slots_per_worker": cache.config.slots,
-            "slots_asked": cache.asked_slots,
-            "bytes_per_slot": cache.slot_bytes,
-            "max_bytes": cache.cap,
-            "planner": cache.config.planner,
-            "alignment": PREFIX_ALIGN,
-            "note": "bytes_per_slot is a slot at the longest cacheable state piece"
-        }
-    })
-}
-
+/// `clef-tt serve`.
 pub fn run(o: ServeOptions) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -372,7 +202,7 @@ where
     };
     let workers = serving::load_workers(&ckpt, &spec, &|i| Ok(open(i)?), &Bars)?;
     let rule = o.rule;
-    let limits = host_limits(o);
+    let limits = o.host_limits();
     let warmup = o.warmup.then(|| serving::warmup(rule)).transpose()?;
     let engine = Engine::start(
         workers.pipelines,
@@ -381,8 +211,8 @@ where
         o.device_timeout,
         o.packing,
     );
-    let card = card(o, &ckpt, &limits, &workers.prefix_cache, &engine.packing);
-    let settings = server_settings(o, &ckpt, rule, limits, card);
+    let card = o.card(&ckpt, &limits, &workers.prefix_cache, &engine.packing);
+    let settings = o.settings(&ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);
     stop.serving.store(true, Ordering::SeqCst);
     let ready_message = o.ready_message.clone();

@@ -3,9 +3,10 @@
 //! spliced at the pad positions, M-RoPE positions) → joint head on the host → the reference's
 //! response.
 //! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
-//! state prefixes a worker has seen recently; `serving` builds a server's workers.
+//! state prefixes a worker has seen recently; `serving` builds a server's workers; `eval` scores a profile against the reference's answers.
 
 pub mod deadline;
+pub mod eval;
 mod packing;
 pub mod prefix_cache;
 pub mod serving;

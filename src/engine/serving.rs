@@ -20,14 +20,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a worker's mesh did not open (the caller's error).
+pub type OpenError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Errors while building the workers.
 #[derive(Debug, thiserror::Error)]
 pub enum ServingError {
     #[error("worker {worker}: {source}")]
-    Open {
-        worker: usize,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    Open { worker: usize, source: OpenError },
     #[error(transparent)]
     Cache(#[from] CacheError),
     #[error(transparent)]
@@ -217,7 +217,7 @@ pub struct Workers<B: MeshOps> {
 pub fn load_workers<B: MeshOps>(
     ckpt: &Checkpoint,
     spec: &WorkerSpec,
-    open: &dyn Fn(usize) -> Result<B, Box<dyn std::error::Error + Send + Sync>>,
+    open: &dyn Fn(usize) -> Result<B, OpenError>,
     progress: &dyn LoadProgress,
 ) -> Result<Workers<B>, ServingError> {
     let open = |worker| open(worker).map_err(|source| ServingError::Open { worker, source });

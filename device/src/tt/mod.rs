@@ -21,6 +21,7 @@
 mod handles;
 mod layers;
 mod ops;
+pub mod output;
 mod shim;
 
 pub use shim::{Shim, ShimError, HOST_SHIM, TTNN_SHIM};

@@ -20,12 +20,12 @@
 //! measured chunk continues from). On a mock device the values are not computed, so host time
 //! and op counts are what it can tell; device time needs chips.
 
+use crate::backbone::{visit_weights, Backbone, LoadError, PrefillState, TpPlan, WeightFormats};
+use crate::checkpoint::{expected_text_tensors, CheckpointError, TextConfig};
+use crate::perf_model::{chunk_ops, device_programs};
 use clef_device::plan::{PlaceError, Split, SplitError, WeightPlan, WeightSource};
 use clef_device::tt::TtMesh;
 use clef_device::{HostTensor, HostWeight, MeshOps, WeightFormat};
-use clef_tt::backbone::{visit_weights, Backbone, LoadError, PrefillState, TpPlan, WeightFormats};
-use clef_tt::checkpoint::{expected_text_tensors, CheckpointError, TextConfig};
-use clef_tt::perf_model::{chunk_ops, device_programs};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -117,7 +117,7 @@ pub fn synthetic_backbone(
     config: &TextConfig,
     mesh: TtMesh,
     formats: &WeightFormats,
-) -> anyhow::Result<Backbone<TtMesh>> {
+) -> super::Result<Backbone<TtMesh>> {
     let plan = TpPlan::new(config, mesh.mesh().devices())?;
     let source = ZeroVectors(expected_text_tensors(config).into_iter().collect());
     let placed = visit_weights(&plan, formats, |w, format| {
@@ -133,7 +133,7 @@ pub fn measure(
     tokens: &[usize],
     starts: &[usize],
     repeats: usize,
-) -> anyhow::Result<Vec<ChunkRow>> {
+) -> super::Result<Vec<ChunkRow>> {
     let m = bb.mesh();
     let hidden = bb.config().hidden_size;
     let rows_of = |n: usize| HostTensor::new(n, hidden, vec![0.0; n * hidden]);
@@ -214,7 +214,7 @@ pub fn measure(
                 disagreements,
                 ttnn_calls,
                 abi_calls,
-                host_ms: super::bench::median(times),
+                host_ms: super::median(times),
                 movement,
             });
         }
@@ -258,7 +258,7 @@ pub fn table(rows: &[ChunkRow]) -> String {
 
 /// Fails when the plan and ttnn's graph capture disagree on a chunk, or a chunk takes more
 /// device ops than `max` (CI's budget); says so on stdout when they hold.
-pub fn check(rows: &[ChunkRow], max: Option<u64>) -> anyhow::Result<()> {
+pub fn check(rows: &[ChunkRow], max: Option<u64>) -> super::Result<()> {
     let disagree: Vec<String> = rows
         .iter()
         .flat_map(|r| {
@@ -268,7 +268,7 @@ pub fn check(rows: &[ChunkRow], max: Option<u64>) -> anyhow::Result<()> {
         })
         .collect();
     if !disagree.is_empty() {
-        anyhow::bail!(
+        refuse!(
             "the plan and ttnn's graph capture disagree: {}",
             disagree.join("; ")
         );
@@ -283,7 +283,7 @@ pub fn check(rows: &[ChunkRow], max: Option<u64>) -> anyhow::Result<()> {
             .map(|r| format!("{} at {} tokens from {}", r.device_ops, r.tokens, r.start))
             .collect();
         if !over.is_empty() {
-            anyhow::bail!(
+            refuse!(
                 "device ops per chunk over the budget of {max}: {}",
                 over.join(", ")
             );

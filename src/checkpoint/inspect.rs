@@ -1,6 +1,6 @@
 //! `clef-tt inspect`: what a checkpoint holds and whether its parts agree with each other.
 
-use clef_tt::checkpoint::{Checkpoint, LayerKind, LM_HEAD, TEXT_PREFIX, VISION_PREFIX};
+use super::{Checkpoint, LayerKind, LM_HEAD, TEXT_PREFIX, VISION_PREFIX};
 use std::fmt::Write;
 
 /// Tokens the encoder and the media path rely on, with the config field that names each id.
@@ -13,8 +13,17 @@ const SPECIAL_TOKENS: [&str; 6] = [
     "<think>",
 ];
 
+/// A checkpoint that cannot be inspected (its tokenizer does not load).
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(transparent)]
+    Checkpoint(#[from] super::CheckpointError),
+    #[error("writing the report")]
+    Write(#[from] std::fmt::Error),
+}
+
 /// The report, and the inconsistencies found (the command fails when there are any).
-pub fn report(ckpt: &Checkpoint) -> anyhow::Result<(String, Vec<String>)> {
+pub fn report(ckpt: &Checkpoint) -> Result<(String, Vec<String>), InspectError> {
     let mut out = String::new();
     let mut problems = Vec::new();
     let c = &ckpt.config;

@@ -3,10 +3,11 @@
 //! Timings are wall clock of whole prefills (embedding to final norm), the median of the
 //! repeats after one warm-up.
 
+use crate::backbone::{Backbone, WeightFormats};
+use crate::checkpoint::Checkpoint;
+use crate::engine::serving::OpenError;
+use crate::precision::Precision;
 use clef_device::{MeshOps, MeshShape, WeightFormat};
-use clef_tt::backbone::{Backbone, WeightFormats};
-use clef_tt::checkpoint::Checkpoint;
-use clef_tt::precision::Precision;
 use std::time::Instant;
 
 /// One measured configuration.
@@ -57,8 +58,8 @@ impl PrefillRun<'_> {
     /// Matrix parameters of the backbone (embeddings and LM head excluded), from its plan.
     fn params(&self) -> usize {
         let cfg = &self.ckpt.config.text;
-        match clef_tt::backbone::TpPlan::new(cfg, 1) {
-            Ok(plan) => clef_tt::perf_model::text_matrices(
+        match crate::backbone::TpPlan::new(cfg, 1) {
+            Ok(plan) => crate::perf_model::text_matrices(
                 cfg,
                 &plan,
                 &WeightFormats::uniform(WeightFormat::F32),
@@ -76,12 +77,12 @@ impl PrefillRun<'_> {
     pub fn on<B: MeshOps>(
         &self,
         shape: MeshShape,
-        open: &dyn Fn(&Precision) -> anyhow::Result<B>,
+        open: &dyn Fn(&Precision) -> Result<B, OpenError>,
         report: &OpReport<B>,
-    ) -> anyhow::Result<Vec<PrefillRow>> {
+    ) -> super::Result<Vec<PrefillRow>> {
         let mut rows = Vec::new();
         for profile in self.profiles {
-            let mesh = open(profile)?;
+            let mesh = open(profile).map_err(super::BenchError::Failed)?;
             let backend = mesh.backend_name();
             let bb = Backbone::load_with(
                 self.ckpt,
@@ -130,11 +131,13 @@ impl PrefillRun<'_> {
 }
 
 /// `WIDTHxHEIGHT` in multiples of 32.
-pub fn image_size(s: &str) -> anyhow::Result<(usize, usize)> {
+pub fn image_size(s: &str) -> super::Result<(usize, usize)> {
     s.split_once('x')
         .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
         .filter(|&(w, h): &(usize, usize)| w % 32 == 0 && h % 32 == 0 && w > 0 && h > 0)
-        .ok_or_else(|| anyhow::anyhow!("{s:?} is not WIDTHxHEIGHT in multiples of 32"))
+        .ok_or_else(|| {
+            super::BenchError::Refused(format!("{s:?} is not WIDTHxHEIGHT in multiples of 32"))
+        })
 }
 
 /// Peak resident memory of this process so far (`VmHWM`), in MiB.
@@ -174,12 +177,12 @@ pub struct HeadRow {
 
 /// The joint head at Clef-27B width (hidden 5120, width 1024, 16 heads, feedforward 4096) with
 /// random weights, 6 questions of 2..5 options, over each row count; median of `repeats`.
-pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
-    use clef_tt::checkpoint::{JointHeadConfig, JointHeadFiles};
-    use clef_tt::head::{HeadQuestion, JointHead};
+pub fn head(rows: &[usize], repeats: usize) -> super::Result<Vec<HeadRow>> {
+    use crate::checkpoint::{JointHeadConfig, JointHeadFiles};
+    use crate::head::{HeadQuestion, JointHead};
     let cfg = JointHeadConfig::release(5120);
     let dir = std::env::temp_dir().join(format!("clef-tt-bench-head-{}", std::process::id()));
-    clef_tt::random::write_random_head(&cfg, &dir, 7)?;
+    crate::random::write_random_head(&cfg, &dir, 7)?;
     let head = JointHead::load(&JointHeadFiles::open(&dir, cfg.hidden_size)?)?;
     let _ = std::fs::remove_dir_all(&dir);
     let h = cfg.hidden_size;
@@ -220,10 +223,9 @@ pub fn head(rows: &[usize], repeats: usize) -> anyhow::Result<Vec<HeadRow>> {
             let t1 = Instant::now();
             let logits = head.logits(&hidden, 0, &memory, &questions, &lexical);
             let t2 = Instant::now();
-            anyhow::ensure!(
-                logits.iter().flatten().all(|l| l.is_finite()),
-                "non-finite logits"
-            );
+            if !logits.iter().flatten().all(|l| l.is_finite()) {
+                refuse!("non-finite logits");
+            }
             mem_times.push((t1 - t0).as_secs_f64() * 1e3);
             times.push((t2 - t0).as_secs_f64() * 1e3);
         }
@@ -292,10 +294,10 @@ pub fn vision(
     format: WeightFormat,
     sizes: &[(usize, usize)],
     repeats: usize,
-) -> anyhow::Result<Vec<VisionRow>> {
+) -> super::Result<Vec<VisionRow>> {
     let t0 = Instant::now();
-    let source = clef_tt::random::RandomVisionWeights {
-        shape: clef_tt::checkpoint::shapes::CLEF_27B_VISION,
+    let source = crate::random::RandomVisionWeights {
+        shape: crate::checkpoint::shapes::CLEF_27B_VISION,
         seed: 11,
     };
     let tower = clef_vision::VisionTower::load(mesh, source.shape, format, &source)?;

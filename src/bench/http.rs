@@ -10,9 +10,8 @@
 //! `--requests` requests cycling through `--states` distinct states, sent twice, the second
 //! pass timed. Everything is bounded by counts and by `--max-seconds`.
 
-use super::bench::median;
-use super::http_client::{Client, Reply};
-use anyhow::{bail, Context};
+use super::median;
+use crate::api::client::{Client, Reply};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -211,12 +210,13 @@ fn body(state: &str, questions: &Value, truncate: bool) -> Vec<u8> {
 }
 
 /// Send one body; anything but 200 is an error here.
-fn send(client: &Client, body: &[u8]) -> anyhow::Result<(Reply, Value)> {
+fn send(client: &Client, body: &[u8]) -> super::Result<(Reply, Value)> {
     let reply = client.decide(body)?;
     if reply.status != 200 {
-        bail!("the server answered {}: {}", reply.status, reply.body);
+        refuse!("the server answered {}: {}", reply.status, reply.body);
     }
-    let v: Value = serde_json::from_str(&reply.body).context("the reply is not JSON")?;
+    let v: Value = serde_json::from_str(&reply.body)
+        .map_err(|e| super::BenchError::Refused(format!("the reply is not JSON: {e}")))?;
     Ok((reply, v))
 }
 
@@ -251,7 +251,7 @@ fn measure(
     warmup: usize,
     samples: usize,
     make: &dyn Fn(usize) -> Vec<u8>,
-) -> anyhow::Result<(Medians, u64)> {
+) -> super::Result<(Medians, u64)> {
     for i in 0..warmup {
         send(client, &make(i))?;
     }
@@ -292,7 +292,7 @@ fn latency_case(
     warmup: usize,
     samples: usize,
     state: &dyn Fn(u64) -> String,
-) -> anyhow::Result<LatencyRow> {
+) -> super::Result<LatencyRow> {
     eprintln!("{case}: new states");
     // Seeds from 1000 on never repeat a state of another case.
     let seed0 = 1000 + 100_000 * (case.len() as u64);
@@ -313,8 +313,8 @@ fn latency_case(
 
 /// Words that make a request of about `target` input tokens with `questions`, from two probes
 /// of the server's token count.
-fn words_for_input(client: &Client, target: usize, questions: &Value) -> anyhow::Result<usize> {
-    let count = |words: usize| -> anyhow::Result<f64> {
+fn words_for_input(client: &Client, target: usize, questions: &Value) -> super::Result<usize> {
+    let count = |words: usize| -> super::Result<f64> {
         let (_, v) = send(client, &body(&state_text(words, 2), questions, false))?;
         Ok(input_tokens(&v) as f64)
     };
@@ -325,8 +325,8 @@ fn words_for_input(client: &Client, target: usize, questions: &Value) -> anyhow:
 
 /// Words that make a state of about `target` state tokens (tokens the state adds to a prompt),
 /// from two probes of the server's token count.
-fn words_for_tokens(client: &Client, target: usize, questions: &Value) -> anyhow::Result<usize> {
-    let count = |words: usize| -> anyhow::Result<f64> {
+fn words_for_tokens(client: &Client, target: usize, questions: &Value) -> super::Result<usize> {
+    let count = |words: usize| -> super::Result<f64> {
         let (_, v) = send(client, &body(&state_text(words, 1), questions, false))?;
         Ok(input_tokens(&v) as f64)
     };
@@ -388,14 +388,14 @@ pub fn run(
     url: &str,
     o: &HttpBenchOptions,
     compare: Option<&Client>,
-) -> anyhow::Result<HttpBenchReport> {
+) -> super::Result<HttpBenchReport> {
     let budget = Budget {
         start: Instant::now(),
         seconds: o.max_seconds,
     };
     let (status, models) = client.get("/v1/models")?;
     if status != 200 {
-        bail!("GET /v1/models answered {status}: {models}");
+        refuse!("GET /v1/models answered {status}: {models}");
     }
     let models: Value = serde_json::from_str(&models)?;
     let card = models["models"][0].clone();
@@ -410,7 +410,7 @@ pub fn run(
     if let (Some(second), Some(other)) = (compare, &o.compare) {
         let (status, text) = second.get("/v1/models")?;
         if status != 200 {
-            bail!("GET {other}/v1/models answered {status}: {text}");
+            refuse!("GET {other}/v1/models answered {status}: {text}");
         }
         let card2: Value = serde_json::from_str(&text)?;
         servers.push((second, server_label(other, &card2["models"][0])));
@@ -473,7 +473,7 @@ fn latency_cases(
     limit: usize,
     six: &Value,
     five: &Value,
-) -> anyhow::Result<Vec<LatencyRow>> {
+) -> super::Result<Vec<LatencyRow>> {
     let mut latency = Vec::new();
     latency.push(latency_case(
         client,

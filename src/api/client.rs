@@ -1,11 +1,19 @@
-//! A blocking HTTP client of a running clef-tt server, for `decide --url` and `bench http`:
+//! A blocking HTTP client of a running clef-tt server (`decide --url`, `bench http`):
 //! posts bodies to `/v1/systemone` with the API key (`CLEF_API_KEY`) when one is set and the
 //! routing key `x-clef-state-key` of each body (`encode::state_key`).
 
-use anyhow::Context;
-use clef_tt::encode::state_key::{state_key, STATE_KEY_HEADER};
-use clef_tt::request::{parse_body, validate};
+use crate::encode::state_key::{state_key, STATE_KEY_HEADER};
+use crate::request::{parse_body, validate};
 use std::time::{Duration, Instant};
+
+/// A request that got no reply.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct ClientError {
+    /// The request (`POST <url>`) or what failed reading its reply.
+    pub what: String,
+    pub source: ureq::Error,
+}
 
 /// One answered request.
 pub struct Reply {
@@ -39,7 +47,7 @@ impl Client {
     }
 
     /// POST `body` to `/v1/systemone`.
-    pub fn decide(&self, body: &[u8]) -> anyhow::Result<Reply> {
+    pub fn decide(&self, body: &[u8]) -> Result<Reply, ClientError> {
         let url = format!("{}/v1/systemone", self.base);
         let mut req = self
             .agent
@@ -53,7 +61,8 @@ impl Client {
             req = req.header(STATE_KEY_HEADER, &state_key(&request));
         }
         let t0 = Instant::now();
-        let mut resp = req.send(body).with_context(|| format!("POST {url}"))?;
+        let failed = |what: String| move |source| ClientError { what, source };
+        let mut resp = req.send(body).map_err(failed(format!("POST {url}")))?;
         let status = resp.status().as_u16();
         let cache = resp
             .headers()
@@ -65,7 +74,7 @@ impl Client {
             .with_config()
             .limit(64 << 20)
             .read_to_string()
-            .with_context(|| format!("reading the reply of {url}"))?;
+            .map_err(failed(format!("reading the reply of {url}")))?;
         Ok(Reply {
             status,
             body,
@@ -75,14 +84,19 @@ impl Client {
     }
 
     /// GET `path` as text.
-    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+    pub fn get(&self, path: &str) -> Result<(u16, String), ClientError> {
         let url = format!("{}{path}", self.base);
         let mut req = self.agent.get(&url);
         if let Some(key) = &self.api_key {
             req = req.header("authorization", &format!("Bearer {key}"));
         }
-        let mut resp = req.call().with_context(|| format!("GET {url}"))?;
+        let failed = |what: String| move |source| ClientError { what, source };
+        let mut resp = req.call().map_err(failed(format!("GET {url}")))?;
         let status = resp.status().as_u16();
-        Ok((status, resp.body_mut().read_to_string()?))
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(failed(format!("reading the reply of {url}")))?;
+        Ok((status, text))
     }
 }

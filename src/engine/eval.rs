@@ -5,12 +5,29 @@
 //! A those whose top option (first maximum, model option order) equals the reference's; |dp| is
 //! taken over every option probability. Agreement is reported, not enforced.
 
-use anyhow::Context;
+use super::Pipeline;
+use crate::encode::LengthRule;
 use clef_device::MeshOps;
-use clef_tt::encode::LengthRule;
-use clef_tt::engine::Pipeline;
 use serde_json::Value;
 use std::path::Path;
+
+/// A goldens directory that cannot be scored.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} line {line}: {source}")]
+    Json {
+        path: String,
+        line: usize,
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Goldens(String),
+}
 
 /// The scores of one goldens set.
 #[derive(Debug, Default)]
@@ -24,14 +41,21 @@ pub struct EvalReport {
     pub failures: Vec<(String, String)>,
 }
 
-fn read_lines(path: &Path) -> anyhow::Result<Vec<Value>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+fn read_lines(path: &Path) -> Result<Vec<Value>, EvalError> {
+    let shown = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| EvalError::Read {
+        path: shown(),
+        source,
+    })?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()
         .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
+            serde_json::from_str(l).map_err(|source| EvalError::Json {
+                path: shown(),
+                line: i + 1,
+                source,
+            })
         })
         .collect()
 }
@@ -47,15 +71,18 @@ fn top(values: &[f64]) -> Option<usize> {
     best.map(|(i, _)| i)
 }
 
-pub fn run<B: MeshOps>(pipeline: &Pipeline<B>, goldens: &Path) -> anyhow::Result<EvalReport> {
+/// Scores the goldens directory `goldens` on `pipeline`.
+pub fn run<B: MeshOps>(pipeline: &Pipeline<B>, goldens: &Path) -> Result<EvalReport, EvalError> {
     let requests = read_lines(&goldens.join("requests.jsonl"))?;
     let expected = read_lines(&goldens.join("expected_f32.jsonl"))?;
-    anyhow::ensure!(
-        requests.len() == expected.len(),
-        "{} requests but {} expected records",
-        requests.len(),
-        expected.len()
-    );
+    if requests.len() != expected.len() {
+        return Err(EvalError::Goldens(format!(
+            "{} requests but {} expected records",
+            requests.len(),
+            expected.len()
+        )));
+    }
+    let missing = |what: &str| EvalError::Goldens(format!("a record without {what}"));
     let mut report = EvalReport::default();
     let (mut dp_sum, mut dp_count) = (0.0f64, 0usize);
     for (req, exp) in requests.iter().zip(&expected) {
@@ -63,11 +90,13 @@ pub fn run<B: MeshOps>(pipeline: &Pipeline<B>, goldens: &Path) -> anyhow::Result
             continue;
         }
         let id = req["id"].as_str().unwrap_or("?").to_string();
-        let body = req["body"].as_str().context("a request without a body")?;
+        let body = req["body"].as_str().ok_or_else(|| missing("a body"))?;
         let max_length = req["max_length"]
             .as_u64()
-            .context("a request without max_length")?;
-        let reference = exp["questions"].as_array().context("no questions")?;
+            .ok_or_else(|| missing("max_length"))?;
+        let reference = exp["questions"]
+            .as_array()
+            .ok_or_else(|| missing("questions"))?;
         report.records += 1;
         report.questions += reference.len();
         let rule = LengthRule::Reference {
