@@ -292,3 +292,53 @@ pub fn check(rows: &[ChunkRow], max: Option<u64>) -> super::Result<()> {
     }
     Ok(())
 }
+
+/// What `bench prefill --shape` measures: each profile on each mesh, chunks of `tokens` from
+/// each of `start`.
+pub struct ShapeBench<'a> {
+    pub shape: crate::checkpoint::shapes::Shape,
+    pub profiles: &'a [crate::precision::Precision],
+    pub meshes: &'a [clef_device::MeshShape],
+    pub tokens: &'a [usize],
+    pub start: &'a [usize],
+    pub repeats: usize,
+    /// Device ops per chunk above which the run fails (CI's budget).
+    pub max_device_ops: Option<u64>,
+}
+
+/// Runs `b` on meshes of the ttnn shim `shim` (chips or the mock kit), a table per profile
+/// and mesh written to `out` as each is measured.
+pub fn run(
+    shim: &std::sync::Arc<clef_device::tt::Shim>,
+    b: &ShapeBench,
+    out: &mut dyn std::io::Write,
+) -> super::Result<()> {
+    if shim.backend() != "ttnn" {
+        // The host shim would hold the synthetic weights in host memory (~30 GB for Clef 27B)
+        // and has no graph capture.
+        refuse!(
+            "--shape needs the ttnn shim (chips or the mock kit), not the {} shim",
+            shim.backend()
+        );
+    }
+    let (config, _) = crate::checkpoint::shapes::shape_configs(b.shape);
+    let hardware = clef_device::select::hardware(shim);
+    for p in b.profiles {
+        let formats = p.weight_formats();
+        for &mesh in b.meshes {
+            let tt =
+                clef_device::select::MeshLayout::single(mesh).open_tt(shim, 0, p.numerics())?;
+            let bb = synthetic_backbone(&config, tt, &formats)?;
+            let rows = measure(&bb, &formats, b.tokens, b.start, b.repeats)?;
+            let shape = b.shape;
+            writeln!(
+                out,
+                "{shape:?} on a {mesh} {hardware} mesh, profile {}:\n",
+                p.name
+            )?;
+            write!(out, "{}", table(&rows))?;
+            check(&rows, b.max_device_ops)?;
+        }
+    }
+    Ok(())
+}

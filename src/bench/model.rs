@@ -358,3 +358,73 @@ pub fn vision_table(rows: &[VisionRow]) -> String {
     }
     s
 }
+
+/// What `bench prefill` measures on a checkpoint: each profile and length on each mesh.
+pub struct PrefillBench<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub profiles: &'a [Precision],
+    pub meshes: &'a [MeshShape],
+    pub lengths: &'a [usize],
+    pub repeats: usize,
+    /// Time each op of the CPU mesh too (`--profile`).
+    pub per_op: bool,
+}
+
+/// Runs `b` on `backend`, then writes the table (against the machine's FMA peak, measured
+/// before and after) and the run's peak resident memory to `out`.
+pub fn prefill(
+    backend: &clef_device::select::Backend,
+    b: &PrefillBench,
+    out: &mut dyn std::io::Write,
+) -> super::Result<()> {
+    use clef_device::cpu::CpuMesh;
+    use clef_device::select::{Backend, MeshLayout};
+    if b.per_op && !matches!(backend, Backend::Cpu) {
+        refuse!("--profile times the CPU mesh's ops; it does not apply to --device tt");
+    }
+    let peak_before = clef_device::cpu::fma_peak_gflops();
+    let mut rows = Vec::new();
+    for &shape in b.meshes {
+        for p in b.profiles {
+            let run = PrefillRun {
+                ckpt: b.ckpt,
+                profiles: std::slice::from_ref(p),
+                lengths: b.lengths,
+                repeats: b.repeats,
+            };
+            let numerics = p.numerics();
+            rows.extend(match backend {
+                Backend::Cpu if b.per_op => {
+                    let open =
+                        |_: &Precision| Ok(CpuMesh::with_profile(shape).with_numerics(numerics));
+                    run.on(shape, &open, &|m| m.profile_report())?
+                }
+                Backend::Cpu => {
+                    let open = |_: &Precision| Ok(CpuMesh::new(shape).with_numerics(numerics));
+                    run.on(shape, &open, &|_| Vec::new())?
+                }
+                Backend::Tt(shim) => {
+                    let layout = MeshLayout::single(shape);
+                    let open = |_: &Precision| Ok(layout.open_tt(shim, 0, numerics)?);
+                    run.on(shape, &open, &|_| Vec::new())?
+                }
+            });
+        }
+    }
+    let peak_after = clef_device::cpu::fma_peak_gflops();
+    let peak = match (peak_before, peak_after) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    if let (Some(a), Some(b)) = (peak_before, peak_after) {
+        writeln!(
+            out,
+            "FMA peak, all threads: {a:.0} GFLOP/s before, {b:.0} after (the higher is used)\n"
+        )?;
+    }
+    write!(out, "{}", table(&rows, peak))?;
+    if let Some(mib) = peak_rss_mib() {
+        writeln!(out, "peak resident memory of the run: {mib:.0} MiB")?;
+    }
+    Ok(())
+}

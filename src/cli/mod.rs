@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use args::{BenchCommand, Cli, Command};
 use clap::Parser;
 use clef_device::select::{Backend, MeshLayout};
-use clef_device::{MeshOps, MeshShape, Numerics, WeightFormat};
+use clef_device::{MeshOps, Numerics, WeightFormat};
 use clef_tt::api::client::Client;
 use clef_tt::bench;
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
@@ -230,13 +230,15 @@ pub fn main() -> anyhow::Result<()> {
             };
             print!("{}", clef_tt::perf_model::report::render(&question)?);
             if on_device {
-                plan_on_device(
+                let shim = clef_device::tt::Shim::load(tt_shim.as_deref())?;
+                let placed = clef_tt::perf_model::placement::on_device(
+                    &shim,
                     &question,
                     mesh_shape,
-                    tt_shim.as_deref(),
                     slots,
                     slot_tokens,
                 )?;
+                print!("{placed}");
             }
             Ok(())
         }
@@ -257,42 +259,12 @@ pub fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `plan --on-device`: the plan placed on a Tenstorrent mesh through the shim.
-fn plan_on_device(
-    q: &clef_tt::perf_model::report::PlanQuestion,
-    shape: MeshShape,
-    shim: Option<&std::path::Path>,
-    slots: usize,
-    slot_tokens: usize,
-) -> anyhow::Result<()> {
-    use clef_tt::perf_model::placement;
-    let shim = clef_device::tt::Shim::load(shim)?;
-    let mesh = clef_device::tt::TtMesh::open(
-        &shim,
-        clef_device::tt::MeshPlacement::direct(shape),
-        q.precision.numerics(),
-    )?;
-    println!(
-        "## On the device: {} through {} ({} backend)\n",
-        shape,
-        shim.path().display(),
-        shim.backend()
-    );
-    let placed = placement::place(&mesh, q, slots, slot_tokens)?;
-    let weight_classes = placed
-        .rows
+/// The named precision profiles (no environment overrides: a benchmark names what it runs).
+fn profiles(names: &[String]) -> anyhow::Result<Vec<Precision>> {
+    Ok(names
         .iter()
-        .take_while(|r| !r.class.starts_with("prefix cache"))
-        .count();
-    print!(
-        "{}",
-        placement::render(
-            &placed,
-            weight_classes,
-            clef_tt::perf_model::report::PORT_FREE_GIB
-        )
-    );
-    Ok(())
+        .map(|name| Precision::resolve(name, |_| None))
+        .collect::<Result<_, _>>()?)
 }
 
 fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
@@ -320,14 +292,6 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             let Backend::Tt(shim) = device.resolve()? else {
                 bail!("--shape measures the Tenstorrent device path: pass --device tt");
             };
-            if shim.backend() != "ttnn" {
-                // The host shim would hold the synthetic weights in host memory (~30 GB for
-                // Clef 27B) and has no graph capture.
-                bail!(
-                    "--shape needs the ttnn shim (chips or the mock kit), not the {} shim",
-                    shim.backend()
-                );
-            }
             let tokens = if tokens.is_empty() {
                 vec![128, 512, 1024]
             } else {
@@ -338,23 +302,16 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             } else {
                 precision
             };
-            let (config, _) = clef_tt::checkpoint::shapes::shape_configs(shape);
-            for name in &names {
-                let p = Precision::resolve(name, |_| None)?;
-                for &shape_of_mesh in &mesh {
-                    let tt = MeshLayout::single(shape_of_mesh).open_tt(&shim, 0, p.numerics())?;
-                    let bb = bench::chunk::synthetic_backbone(&config, tt, &p.weight_formats())?;
-                    let rows =
-                        bench::chunk::measure(&bb, &p.weight_formats(), &tokens, &start, repeat)?;
-                    println!(
-                        "{shape:?} on a {shape_of_mesh} {} mesh, profile {}:\n",
-                        clef_device::select::hardware(&shim),
-                        p.name
-                    );
-                    print!("{}", bench::chunk::table(&rows));
-                    bench::chunk::check(&rows, max_device_ops)?;
-                }
-            }
+            let bench = bench::chunk::ShapeBench {
+                shape,
+                profiles: &profiles(&names)?,
+                meshes: &mesh,
+                tokens: &tokens,
+                start: &start,
+                repeats: repeat,
+                max_device_ops,
+            };
+            bench::chunk::run(&shim, &bench, &mut std::io::stdout())?;
         }
         BenchCommand::Prefill {
             model,
@@ -378,57 +335,15 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             } else {
                 precision
             };
-            let ckpt = open(model, None)?;
-            let device = device.resolve()?;
-            let profiles = precision
-                .iter()
-                .map(|name| Precision::resolve(name, |_| None))
-                .collect::<Result<Vec<_>, _>>()?;
-            let peak_before = clef_device::cpu::fma_peak_gflops();
-            let mut rows = Vec::new();
-            for &shape in &mesh {
-                let run = bench::model::PrefillRun {
-                    ckpt: &ckpt,
-                    profiles: &profiles,
-                    lengths: &tokens,
-                    repeats: repeat,
-                };
-                if profile {
-                    if !matches!(device, Backend::Cpu) {
-                        bail!(
-                            "--profile times the CPU mesh's ops; it does not apply to --device tt"
-                        );
-                    }
-                    let open = |p: &Precision| {
-                        Ok(clef_device::cpu::CpuMesh::with_profile(shape)
-                            .with_numerics(p.numerics()))
-                    };
-                    rows.extend(run.on(shape, &open, &|m| m.profile_report())?);
-                } else {
-                    let layout = MeshLayout::single(shape);
-                    for p in &profiles {
-                        let one = bench::model::PrefillRun {
-                            profiles: std::slice::from_ref(p),
-                            ..run
-                        };
-                        on_device!(&device, layout, p.numerics(), |open| {
-                            rows.extend(one.on(shape, &|_| Ok(open(0)?), &|_| Vec::new())?)
-                        });
-                    }
-                }
-            }
-            let peak_after = clef_device::cpu::fma_peak_gflops();
-            let peak = match (peak_before, peak_after) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
+            let bench = bench::model::PrefillBench {
+                ckpt: &open(model, None)?,
+                profiles: &profiles(&precision)?,
+                meshes: &mesh,
+                lengths: &tokens,
+                repeats: repeat,
+                per_op: profile,
             };
-            if let (Some(a), Some(b)) = (peak_before, peak_after) {
-                println!("FMA peak, all threads: {a:.0} GFLOP/s before, {b:.0} after (the higher is used)\n");
-            }
-            print!("{}", bench::model::table(&rows, peak));
-            if let Some(mib) = bench::peak_rss_mib() {
-                println!("peak resident memory of the run: {mib:.0} MiB");
-            }
+            bench::model::prefill(&device.resolve()?, &bench, &mut std::io::stdout())?;
         }
         BenchCommand::Http { url, options, json } => {
             let client = Client::new(&url, api_key(), HTTP_TIMEOUT);

@@ -292,3 +292,28 @@ pub fn render(p: &Placement, weights_classes: usize, port_free_gib: f64) -> Stri
     );
     out
 }
+
+/// `plan --on-device`: the plan `q` placed on a `shape` Tenstorrent mesh through `shim`, with
+/// `slots` prefix-cache slots of `slot_tokens`, as the report's section.
+pub fn on_device(
+    shim: &std::sync::Arc<clef_device::tt::Shim>,
+    q: &PlanQuestion,
+    shape: clef_device::MeshShape,
+    slots: usize,
+    slot_tokens: usize,
+) -> Result<String, PlacementError> {
+    let placement = clef_device::tt::MeshPlacement::direct(shape);
+    let mesh = clef_device::tt::TtMesh::open(shim, placement, q.precision.numerics())?;
+    let placed = place(&mesh, q, slots, slot_tokens)?;
+    let weight_classes = placed
+        .rows
+        .iter()
+        .take_while(|r| !r.class.starts_with("prefix cache"))
+        .count();
+    Ok(format!(
+        "## On the device: {shape} through {} ({} backend)\n\n{}",
+        shim.path().display(),
+        shim.backend(),
+        render(&placed, weight_classes, super::report::PORT_FREE_GIB)
+    ))
+}
