@@ -318,7 +318,7 @@ fn eval_scores_profiles_against_the_f32_reference() {
                 "eval",
                 "--goldens",
                 goldens.to_str().unwrap(),
-                "--profile",
+                "--precision",
                 profile,
             ])
             .output()
@@ -356,7 +356,7 @@ fn serve_maps_a_converted_tensor_cache_and_refuses_a_mismatched_one() {
     let out = clef_tt()
         .args([
             "convert",
-            "--profile",
+            "--precision",
             "selected",
             "--mesh",
             "1x2",

@@ -26,14 +26,7 @@ fn open_for(
     mesh: &str,
     profile: &Precision,
 ) -> Result<TensorCache, CacheError> {
-    TensorCache::open(
-        dir,
-        ckpt,
-        backend,
-        mesh,
-        &profile.name,
-        &profile.weight_formats(),
-    )
+    TensorCache::open(dir, ckpt, backend, mesh, profile)
 }
 
 fn open(
@@ -52,16 +45,15 @@ fn cache_round_trip<B: MeshOps>(name: &str, make: impl Fn(MeshShape) -> B) {
     let out = temp(name);
     for (profile, mesh) in [("selected", MeshShape::PAIR), ("f32", MeshShape::ONE)] {
         let p = Precision::resolve(profile, |_| None).unwrap();
-        let formats = p.weight_formats();
-        let manifest = convert(&ckpt, &make(mesh), &p.name, &formats, &out, &|_, _| {}).unwrap();
+        let manifest = convert(&ckpt, &make(mesh), &p, &out, &|_, _| {}).unwrap();
         assert!(manifest.entries.iter().all(|e| e.offset % 64 == 0));
         let backend = make(mesh).backend_name();
         assert_eq!(manifest.backend, backend);
         let cache = open_for(backend, &out, &ckpt, &mesh.to_string(), &p).unwrap();
         let cached = cache
-            .load_backbone(&ckpt, make(mesh), &formats, true, &|_, _| {})
+            .load_backbone(&ckpt, make(mesh), &p, &|_, _| {})
             .unwrap();
-        let direct = Backbone::load_with(&ckpt, make(mesh), &formats, true).unwrap();
+        let direct = Backbone::load_with(&ckpt, make(mesh), &p).unwrap();
         assert_eq!(cached.weight_bytes(), direct.weight_bytes());
         let ids: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
         let (a, _) = cached.prefill(&ids, None).unwrap();
@@ -89,7 +81,7 @@ fn a_cache_of_one_backend_is_refused_by_the_other_naming_the_command() {
     let p = Precision::resolve("selected", |_| None).unwrap();
     let out = temp("tensor-cache-backend");
     let tt = common::tt_mesh(MeshShape::ONE, Default::default());
-    convert(&ckpt, &tt, &p.name, &p.weight_formats(), &out, &|_, _| {}).unwrap();
+    convert(&ckpt, &tt, &p, &out, &|_, _| {}).unwrap();
     let e = match open_for("cpu", &out, &ckpt, "1x1", &p) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("a tt cache was accepted for the cpu backend"),
@@ -99,15 +91,7 @@ fn a_cache_of_one_backend_is_refused_by_the_other_naming_the_command() {
         e.contains("clef-tt convert") && !e.contains("--device"),
         "{e}"
     );
-    convert(
-        &ckpt,
-        &CpuMesh::new(MeshShape::ONE),
-        &p.name,
-        &p.weight_formats(),
-        &out,
-        &|_, _| {},
-    )
-    .unwrap();
+    convert(&ckpt, &CpuMesh::new(MeshShape::ONE), &p, &out, &|_, _| {}).unwrap();
     let e = match open_for("tt", &out, &ckpt, "1x1", &p) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("a cpu cache was accepted for the tt backend"),
@@ -125,8 +109,7 @@ fn mismatched_stale_truncated_and_corrupted_caches_are_refused() {
     convert(
         &ckpt,
         &CpuMesh::new(MeshShape::PAIR),
-        "selected",
-        &selected.weight_formats(),
+        &selected,
         &out,
         &|_, _| {},
     )
@@ -168,13 +151,7 @@ fn mismatched_stale_truncated_and_corrupted_caches_are_refused() {
     std::fs::write(&bin, &bytes).unwrap();
     let cache = open(&out, &ckpt, "1x2", &selected).unwrap();
     let err = cache
-        .load_backbone(
-            &ckpt,
-            CpuMesh::new(MeshShape::PAIR),
-            &selected.weight_formats(),
-            true,
-            &|_, _| {},
-        )
+        .load_backbone(&ckpt, CpuMesh::new(MeshShape::PAIR), &selected, &|_, _| {})
         .err()
         .expect("a corrupted cache was placed");
     assert!(err.to_string().contains("checksum mismatch"), "{err}");
@@ -193,15 +170,7 @@ fn a_failed_conversion_leaves_nothing() {
     std::fs::write(&blocker, b"a file where a directory should go").unwrap();
     let out = blocker.join("cache");
     let p = Precision::resolve("f32", |_| None).unwrap();
-    assert!(convert(
-        &ckpt,
-        &CpuMesh::new(MeshShape::ONE),
-        "f32",
-        &p.weight_formats(),
-        &out,
-        &|_, _| {}
-    )
-    .is_err());
+    assert!(convert(&ckpt, &CpuMesh::new(MeshShape::ONE), &p, &out, &|_, _| {}).is_err());
     assert!(!out.exists());
     let _ = std::fs::remove_file(&blocker);
 }

@@ -12,7 +12,7 @@
 mod common;
 
 use clef_device::tt::{MeshPlacement, Shim, TtMesh};
-use clef_device::MeshShape;
+use clef_device::{MeshShape, Numerics};
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{CacheUse, PrefixCacheConfig, PrefixCacheStats};
 use clef_tt::engine::Pipeline;
@@ -138,7 +138,12 @@ fn the_meshes_of_a_p150_box_open() {
     let visible = shim.visible_devices().unwrap() as usize;
     eprintln!("{visible} devices visible");
     for shape in [MeshShape::ONE, MeshShape::PAIR] {
-        let m = TtMesh::open(&shim, MeshPlacement::direct(shape), Default::default()).unwrap();
+        let m = TtMesh::open(
+            &shim,
+            MeshPlacement::direct(shape),
+            Numerics::default().with_bf16_kv(),
+        )
+        .unwrap();
         let s = m.status().unwrap();
         eprintln!(
             "{shape}: devices {:?}, {:?} bytes in use",
@@ -151,8 +156,8 @@ fn the_meshes_of_a_p150_box_open() {
             parent_cols: Some(4),
             submesh_offset: offset,
         };
-        let a = TtMesh::open(&shim, sub(0), Default::default()).unwrap();
-        let b = TtMesh::open(&shim, sub(2), Default::default()).unwrap();
+        let a = TtMesh::open(&shim, sub(0), Numerics::default().with_bf16_kv()).unwrap();
+        let b = TtMesh::open(&shim, sub(2), Numerics::default().with_bf16_kv()).unwrap();
         assert_ne!(
             a.status().unwrap().device_ids,
             b.status().unwrap().device_ids

@@ -365,7 +365,11 @@ fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
 
 /// `clef-tt plan --on-device` on the mock P150x2 (the real allocator), its rows as
 /// (class, plan GiB, allocator GiB), and its output.
-fn plan_on_device(shim: &str, profile: &str) -> (bool, Vec<(String, f64, f64)>, String) {
+fn plan_on_device(
+    shim: &str,
+    profile: &str,
+    env: &[(&str, &str)],
+) -> (bool, Vec<(String, f64, f64)>, String) {
     let out = clef_tt()
         .args([
             "plan",
@@ -373,10 +377,11 @@ fn plan_on_device(shim: &str, profile: &str) -> (bool, Vec<(String, f64, f64)>, 
             "clef-27b",
             "--mesh",
             "1x2",
-            "--profile",
+            "--precision",
             profile,
         ])
         .args(["--on-device", "--tt-shim", shim])
+        .envs(env.iter().copied())
         .env(
             "TT_METAL_MOCK_CLUSTER_DESC_PATH",
             descriptor("blackhole_2xP150.yaml"),
@@ -403,9 +408,10 @@ fn plan_on_device(shim: &str, profile: &str) -> (bool, Vec<(String, f64, f64)>, 
 }
 
 #[test]
-fn clef_27b_is_placed_on_the_mock_p150x2_by_its_allocator_and_f32_weights_do_not_fit() {
+fn clef_27b_is_placed_on_the_mock_p150x2_by_its_allocator_an_f32_kv_cache_is_refused_and_f32_weights_do_not_fit(
+) {
     let Some(shim) = kit() else { return };
-    let (ok, rows, text) = plan_on_device(shim, "selected");
+    let (ok, rows, text) = plan_on_device(shim, "selected", &[]);
     assert!(ok, "{text}");
     // Every matrix and activation class is held as its tensor specs' packed size (whole tiles
     // in every DRAM bank); vectors are row-major f32 rows of one value, a page each.
@@ -433,11 +439,58 @@ fn clef_27b_is_placed_on_the_mock_p150x2_by_its_allocator_and_f32_weights_do_not
         assert!(classes.contains(&want), "no {want} in {classes:?}\n{text}");
     }
     assert!(text.contains("GiB left after the weights"), "{text}");
-    // f32 weights (~50 GiB per device) overflow a 32 GB chip: refused, naming the class.
-    let (ok, _, text) = plan_on_device(shim, "f32");
+    // The f32 profile keeps its KV cache in f32, which the ttnn backend cannot (its attention
+    // reads bf16 K/V): the mesh refuses to open, naming the override.
+    let (ok, _, text) = plan_on_device(shim, "f32", &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("the KV cache cannot be kept in f32") && text.contains("CLEF_KV_DTYPE=bf16"),
+        "{text}"
+    );
+    // With a bf16 KV cache, f32 weights (~50 GiB per device) overflow a 32 GB chip: refused,
+    // naming the class.
+    let (ok, _, text) = plan_on_device(shim, "f32", &[("CLEF_KV_DTYPE", "bf16")]);
     assert!(!ok, "{text}");
     assert!(
         text.contains("does not fit") && text.contains("Out of Memory"),
         "{text}"
     );
+}
+
+#[test]
+fn the_f32_profile_is_refused_at_start_on_the_mock_p150x2_saying_why_and_runs_with_a_bf16_kv_cache()
+{
+    let Some(shim) = kit() else { return };
+    let body = std::env::temp_dir().join(format!("clef-tt-kv-{}.json", std::process::id()));
+    std::fs::write(
+        &body,
+        r#"{"state":"a short state","questions":{"ok":{"type":"noul","instructions":"Is it?"}}}"#,
+    )
+    .unwrap();
+    let decide = |env: &[(&str, &str)]| {
+        let out = clef_tt()
+            .args(["decide", "--device", "tt", "--tt-shim", shim])
+            .args(["--precision", "f32", "--mesh", "1x2"])
+            .arg(&body)
+            .envs(env.iter().copied())
+            .env(
+                "TT_METAL_MOCK_CLUSTER_DESC_PATH",
+                descriptor("blackhole_2xP150.yaml"),
+            )
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (ok, text) = decide(&[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("the KV cache cannot be kept in f32") && text.contains("CLEF_KV_DTYPE=bf16"),
+        "{text}"
+    );
+    let (ok, text) = decide(&[("CLEF_KV_DTYPE", "bf16")]);
+    let _ = std::fs::remove_file(&body);
+    assert!(ok, "{text}");
+    assert!(text.contains("answered 1 requests"), "{text}");
 }

@@ -25,7 +25,7 @@ pub use host::{
     HostTensor, HostWeight, SharedBytes, WeightBytes, WeightData, WeightFormat, WeightKind,
 };
 pub use mesh::MeshShape;
-pub use numerics::{Fidelity, Numerics};
+pub use numerics::{Fidelity, Held, Kept, Numerics};
 pub use ops::{
     AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu,
     MeshOps, MlpLayer, RopeSpec, RowBatch, RuntimeCalls,

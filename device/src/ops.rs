@@ -192,9 +192,10 @@ pub trait MeshOps: Sync {
     fn device_parts(&self, t: &Self::Tensor) -> Result<Vec<HostTensor>>;
     /// Bytes of device memory the tensor occupies on all devices together.
     fn tensor_bytes(&self, t: &Self::Tensor) -> usize;
-    /// Bytes one device holds for a `[rows, cols]` activation (f32 rows unless the backend
-    /// pads or packs them).
-    fn activation_bytes(&self, rows: usize, cols: usize) -> usize {
+    /// Bytes one device holds for a `[rows, cols]` tensor of `class` (f32 rows unless the
+    /// backend pads or packs them, or keeps the class in bf16).
+    fn held_bytes(&self, rows: usize, cols: usize, class: crate::Held) -> usize {
+        let _ = class;
         rows * cols * 4
     }
 

@@ -208,8 +208,8 @@ pub fn report(backend: &Backend) -> Result<Report> {
                 meshes.push((format!("{shape} mesh"), MeshPlacement::direct(shape)));
             }
             for (label, placement) in meshes {
-                match TtMesh::open(shim, placement, Numerics::default()).and_then(|m| mesh_line(&m))
-                {
+                let numerics = Numerics::default().with_bf16_kv();
+                match TtMesh::open(shim, placement, numerics).and_then(|m| mesh_line(&m)) {
                     Ok(line) => out.push_str(&format!("{label}: {line}\n")),
                     Err(e) => {
                         out.push_str(&format!("{label}: does not open: {e}\n"));

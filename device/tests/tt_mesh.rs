@@ -15,7 +15,7 @@ use clef_device::formats::{pack, packed_bytes, TileFormat};
 use clef_device::tt::{MeshPlacement, Shim, TtMesh, TtTensor};
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, Fidelity, GatherAxis, Gelu, HostTensor, HostWeight,
-    MeshOps, MeshShape, Numerics, RopeSpec, WeightFormat, WeightKind,
+    Kept, MeshOps, MeshShape, Numerics, RopeSpec, WeightFormat, WeightKind,
 };
 use common::values;
 use std::sync::Arc;
@@ -72,7 +72,18 @@ fn tolerance(default: f32) -> f32 {
 }
 
 fn tt(shape: MeshShape, numerics: Numerics) -> TtMesh {
-    TtMesh::open(&shim(), MeshPlacement::direct(shape), numerics).unwrap()
+    TtMesh::open(&shim(), MeshPlacement::direct(shape), kept(numerics)).unwrap()
+}
+
+/// `numerics` as the shim under test keeps them: the ttnn shim keeps the KV cache in bf16 only
+/// (it refuses an f32 one; its ops are compared within `CLEF_TT_OP_TOLERANCE`), the host shim
+/// keeps what it is asked.
+fn kept(numerics: Numerics) -> Numerics {
+    if shim().backend() == "ttnn" {
+        numerics.with_bf16_kv()
+    } else {
+        numerics
+    }
 }
 
 /// One weight per device (different values per device), as a plan would place it.
@@ -322,16 +333,19 @@ fn matmul_numerics_are_imitated_like_the_cpu_mesh() {
             bf16_activations: true,
             fidelity: Fidelity::HiFi4,
             bf16_accumulation: false,
+            ..Numerics::default()
         },
         Numerics {
             bf16_activations: true,
             fidelity: Fidelity::HiFi2,
             bf16_accumulation: true,
+            ..Numerics::default()
         },
         Numerics {
             bf16_activations: true,
             fidelity: Fidelity::LoFi,
             bf16_accumulation: false,
+            ..Numerics::default()
         },
     ] {
         for shape in shapes() {
@@ -350,6 +364,72 @@ fn matmul_numerics_are_imitated_like_the_cpu_mesh() {
             compare(&cpu, &tt, rel, &format!("{shape} {numerics:?}"));
         }
     }
+}
+
+/// Numerics keeping the KV cache and the DeltaNet gates and state in bf16.
+fn bf16_kept() -> Numerics {
+    Numerics {
+        kv_cache: Kept::Bf16,
+        gdn_gates: Kept::Bf16,
+        gdn_state: Kept::Bf16,
+        ..Numerics::default()
+    }
+}
+
+#[test]
+fn kept_dtypes_are_honoured_like_the_cpu_mesh_or_refused_at_open() {
+    let s = shim();
+    let one = MeshPlacement::direct(MeshShape::ONE);
+    if s.backend() == "ttnn" {
+        // ttnn keeps bf16 KV and f32 DeltaNet gates and state only: anything else is refused
+        // before a device opens, naming the override that fixes it.
+        let e = shim_error(TtMesh::open(&s, one, Numerics::default()));
+        assert!(
+            e.contains("the KV cache cannot be kept in f32") && e.contains("CLEF_KV_DTYPE=bf16"),
+            "{e}"
+        );
+        let e = shim_error(TtMesh::open(&s, one, bf16_kept()));
+        assert!(e.contains("cannot be kept in bf16"), "{e}");
+        let state_only = Numerics {
+            gdn_state: Kept::Bf16,
+            ..Numerics::default().with_bf16_kv()
+        };
+        let e = shim_error(TtMesh::open(&s, one, state_only));
+        assert!(e.contains("QWEN_GDN_FP32_STATE=1"), "{e}");
+        assert!(TtMesh::open(&s, one, Numerics::default().with_bf16_kv()).is_ok());
+        return;
+    }
+    // The host shim keeps f32 and rounds what is kept as bf16, as the CPU mesh does.
+    for shape in shapes() {
+        let cpu = battery(
+            &CpuMesh::new(shape).with_numerics(bf16_kept()),
+            WeightFormat::F32,
+        );
+        let tt = battery(&tt(shape, bf16_kept()), WeightFormat::F32);
+        compare(&cpu, &tt, 2e-5, &format!("{shape} bf16 kept"));
+        let exact = battery(&CpuMesh::new(shape), WeightFormat::F32);
+        for ((name, kept), (_, full)) in cpu.iter().zip(&exact) {
+            let is_bf16 = |t: &HostTensor| {
+                t.data
+                    .iter()
+                    .all(|&v| half::bf16::from_f32(v).to_f32() == v)
+            };
+            let kept_class = ["append_rows.none", "delta_gates", "delta_rule.state"]
+                .iter()
+                .any(|c| name.starts_with(c));
+            if kept_class {
+                assert!(is_bf16(kept), "{shape} {name} is not kept in bf16");
+                assert!(!is_bf16(full), "{shape} {name} is already bf16 at f32");
+            }
+        }
+    }
+    let facts = TtMesh::open(&s, one, bf16_kept())
+        .unwrap()
+        .describe()
+        .unwrap()
+        .replace(' ', "");
+    assert!(facts.contains("\"kv_dtype\":\"bf16\""), "{facts}");
+    assert!(facts.contains("\"gdn_state_dtype\":\"bf16\""), "{facts}");
 }
 
 #[test]
@@ -535,8 +615,8 @@ fn a_tensor_of_another_mesh_is_refused() {
         submesh_offset: offset,
     };
     let s = shim();
-    let m = TtMesh::open(&s, half(0), Numerics::default()).unwrap();
-    let other = TtMesh::open(&s, half(1), Numerics::default()).unwrap();
+    let m = TtMesh::open(&s, half(0), kept(Numerics::default())).unwrap();
+    let other = TtMesh::open(&s, half(1), kept(Numerics::default())).unwrap();
     let x = m.replicate(&rows(4, 64, 1)).unwrap();
     let foreign = other.replicate(&rows(4, 64, 1)).unwrap();
     let e = shim_error(m.add(&x, &foreign));
@@ -554,7 +634,7 @@ fn meshes_open_directly_or_as_submeshes_of_a_shared_parent_within_the_visible_de
         parent_cols: parent,
         submesh_offset: offset,
     };
-    let open = |p| TtMesh::open(&s, p, Numerics::default());
+    let open = |p| TtMesh::open(&s, p, kept(Numerics::default()));
     let wide = open(placement(2 * visible, None, 0))
         .err()
         .unwrap()

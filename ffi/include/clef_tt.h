@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define CLEF_TT_ABI_VERSION 4
+#define CLEF_TT_ABI_VERSION 5
 
 /* Most devices a mesh of this ABI can hold. */
 #define CLEF_TT_MAX_DEVICES 8
@@ -142,6 +142,14 @@ typedef struct clef_tt_mesh_config {
   /* How the device holds activations between ops: CLEF_TT_BF16 (the port) or CLEF_TT_F32.
    * The host backend always holds f32 (a bf16 profile imitates the rounding in its matmuls). */
   clef_tt_dtype activation_dtype;
+  /* What the mesh keeps, CLEF_TT_F32 or CLEF_TT_BF16 each: the KV cache (the K and V rows
+   * attention reads), the DeltaNet gates g and beta as the delta rule reads them, and the
+   * DeltaNet recurrent state between calls. The host backend keeps f32 and rounds what is
+   * kept as bf16; a backend that cannot keep a dtype refuses the open, naming it (ttnn: bf16
+   * KV, f32 gates and state). */
+  clef_tt_dtype kv_dtype;
+  clef_tt_dtype gdn_gate_dtype;
+  clef_tt_dtype gdn_state_dtype;
 } clef_tt_mesh_config;
 
 int clef_tt_mesh_open(const clef_tt_mesh_config *config, clef_tt_mesh **out);

@@ -17,9 +17,10 @@ pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, CheckpointSource, LoadError};
 
 use crate::checkpoint::{Checkpoint, LayerKind, RowError, RowTable, TextConfig};
+use crate::precision::Precision;
 use clef_device::formats::bf16;
 use clef_device::{
-    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, HostTensor, MeshOps, RopeSpec,
+    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, Held, HostTensor, MeshOps, RopeSpec,
     WeightFormat,
 };
 use rayon::prelude::*;
@@ -108,31 +109,28 @@ pub struct Backbone<B: MeshOps> {
 impl<B: MeshOps> Backbone<B> {
     /// Place the checkpoint's text weights on `mesh` with matrices held in `format`.
     pub fn load(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, LoadError> {
-        Self::load_with(ckpt, mesh, &WeightFormats::uniform(format), false)
+        Self::load_with(ckpt, mesh, &Precision::uniform(format))
     }
 
-    /// Place the weights with each class of matrices in its own format; with
-    /// `bf16_embeddings`, embedding rows are rounded to bf16 as the device holds them.
-    pub fn load_with(
-        ckpt: &Checkpoint,
-        mesh: B,
-        formats: &WeightFormats,
-        bf16_embeddings: bool,
-    ) -> Result<Self, LoadError> {
-        Self::load_reporting(ckpt, mesh, formats, bf16_embeddings, &|_, _| {})
+    /// Place the weights as `precision` holds them: each class of matrices in its format, and
+    /// embedding rows rounded to bf16 where it keeps them so. The mesh computes and keeps as
+    /// `precision.numerics()` says (it was opened with them).
+    pub fn load_with(ckpt: &Checkpoint, mesh: B, precision: &Precision) -> Result<Self, LoadError> {
+        Self::load_reporting(ckpt, mesh, precision, &|_, _| {})
     }
 
     /// [`Backbone::load_with`], calling `progress(done, total)` after every weight.
     pub fn load_reporting(
         ckpt: &Checkpoint,
         mesh: B,
-        formats: &WeightFormats,
-        bf16_embeddings: bool,
+        precision: &Precision,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, LoadError> {
         let plan = TpPlan::new(&ckpt.config.text, mesh.mesh().devices())?;
         let t0 = std::time::Instant::now();
-        let placed = weights::load_layers(&mesh, &ckpt.tensors, &plan, formats, progress)?;
+        let formats = precision.weight_formats();
+        let placed = weights::load_layers(&mesh, &ckpt.tensors, &plan, &formats, progress)?;
+        let bf16_embeddings = precision.bf16_embeddings();
         Self::from_placed(ckpt, mesh, plan, placed, bf16_embeddings, t0, "checkpoint")
     }
 
@@ -252,18 +250,23 @@ impl<B: MeshOps> Backbone<B> {
     }
 
     /// Bytes a prefill state at position `p` will hold on the mesh, from the configuration
-    /// and the backend's storage of a `[rows, cols]` activation (every device owns whole KV
+    /// and the backend's storage of each kept class (every device owns whole KV
     /// and value heads, so nothing is stored twice): K and V rows of every attention layer,
     /// conv carry and recurrent state of every DeltaNet layer.
     pub fn state_bytes_at(&self, p: usize) -> usize {
         let c = &self.config;
         let tp = self.plan.devices;
         let m = &self.mesh;
-        let kv = 2 * m.activation_bytes(p, c.num_key_value_heads / tp * c.head_dim);
-        let conv = m.activation_bytes(c.linear_conv_kernel_dim - 1, c.conv_dim() / tp);
-        let recurrent = m.activation_bytes(
+        let kv = 2 * m.held_bytes(p, c.num_key_value_heads / tp * c.head_dim, Held::KvCache);
+        let conv = m.held_bytes(
+            c.linear_conv_kernel_dim - 1,
+            c.conv_dim() / tp,
+            Held::Activation,
+        );
+        let recurrent = m.held_bytes(
             c.linear_num_value_heads / tp * c.linear_key_head_dim,
             c.linear_value_head_dim,
+            Held::DeltaNetState,
         );
         tp * (c.count(LayerKind::Attention) * kv
             + c.count(LayerKind::DeltaNet) * (conv + recurrent))

@@ -3,6 +3,7 @@
 
 use super::plan::{MixerPlan, TpPlan, WeightPlan};
 use crate::checkpoint::{CheckpointError, StoredDtype, TensorStore, TEXT_PREFIX};
+pub use crate::precision::WeightFormats;
 use clef_device::plan::{PlaceError, WeightSource};
 use clef_device::{HostWeight, MeshOps, WeightFormat};
 
@@ -137,32 +138,6 @@ fn place<B: MeshOps>(
 
 /// Every layer's weights and the final norm, on the mesh.
 pub type PlacedWeights<W> = (Vec<LayerWeights<W>>, W);
-
-/// The format of each class of matrices (vectors always stay f32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WeightFormats {
-    /// Attention `[q|gate, k, v]` and `o_proj`.
-    pub attention: WeightFormat,
-    /// DeltaNet `in_proj` and `out_proj`.
-    pub deltanet: WeightFormat,
-    pub mlp_gate_up: WeightFormat,
-    pub mlp_down: WeightFormat,
-    /// The vision tower's matrices.
-    pub vision: WeightFormat,
-}
-
-impl WeightFormats {
-    /// Every matrix in `format`.
-    pub fn uniform(format: WeightFormat) -> Self {
-        WeightFormats {
-            attention: format,
-            deltanet: format,
-            mlp_gate_up: format,
-            mlp_down: format,
-            vision: format,
-        }
-    }
-}
 
 /// Place every layer's weights and the final norm from the checkpoint.
 /// `progress(done, total)` follows the weights.

@@ -84,12 +84,7 @@ impl PrefillRun<'_> {
         for profile in self.profiles {
             let mesh = open(profile).map_err(super::BenchError::Failed)?;
             let backend = mesh.backend_name();
-            let bb = Backbone::load_with(
-                self.ckpt,
-                mesh,
-                &profile.weight_formats(),
-                profile.embeddings == WeightFormat::Bf16,
-            )?;
+            let bb = Backbone::load_with(self.ckpt, mesh, profile)?;
             eprintln!(
                 "loaded the {} profile's weights on a {shape} {backend} mesh: {:.1} MiB",
                 profile.name,
@@ -366,7 +361,7 @@ pub struct PrefillBench<'a> {
     pub meshes: &'a [MeshShape],
     pub lengths: &'a [usize],
     pub repeats: usize,
-    /// Time each op of the CPU mesh too (`--profile`).
+    /// Time each op of the CPU mesh too (`--op-times`).
     pub per_op: bool,
 }
 
@@ -380,7 +375,7 @@ pub fn prefill(
     use clef_device::cpu::CpuMesh;
     use clef_device::select::{Backend, MeshLayout};
     if b.per_op && !matches!(backend, Backend::Cpu) {
-        refuse!("--profile times the CPU mesh's ops; it does not apply to --device tt");
+        refuse!("--op-times times the CPU mesh's ops; it does not apply to --device tt");
     }
     let peak_before = clef_device::cpu::fma_peak_gflops();
     let mut rows = Vec::new();

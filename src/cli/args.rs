@@ -90,7 +90,7 @@ pub enum Command {
         #[arg(long, default_value = "1x2")]
         mesh: MeshShape,
         /// Precision profile (its weight formats and fidelity).
-        #[arg(long, default_value = "selected")]
+        #[arg(long = "precision", default_value = "selected")]
         profile: String,
         /// Tokens of the modelled chunk (the port caps chunks at 1,024).
         #[arg(long, default_value_t = 1024)]
@@ -160,7 +160,7 @@ pub struct ProfileArgs {
     pub model: Option<String>,
     /// Precision profile (f32, bf16, selected, stage1, fast; default: f32 on the CPU,
     /// selected on Tenstorrent).
-    #[arg(long, env = "CLEF_PRECISION")]
+    #[arg(long = "precision", env = "CLEF_PRECISION")]
     pub profile: Option<String>,
     #[arg(long, env = "CLEF_MESH_SHAPE", default_value = "1x1")]
     pub mesh: MeshShape,
@@ -405,7 +405,7 @@ pub enum BenchCommand {
         repeat: usize,
         /// Print the wall time of every device op (per prefill, warm-up included; CPU only).
         #[arg(long)]
-        profile: bool,
+        op_times: bool,
         #[command(flatten)]
         device: DeviceArgs,
     },
@@ -432,7 +432,7 @@ pub enum BenchCommand {
         format: String,
         /// Also print the time spent in each mesh op.
         #[arg(long)]
-        profile: bool,
+        op_times: bool,
         #[arg(long, default_value_t = 1)]
         repeat: usize,
     },

@@ -15,14 +15,7 @@ pub fn run<B: MeshOps>(
 ) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let (pb, report) = super::progress::bar("converting");
-    let manifest = clef_tt::tensor_cache::convert(
-        ckpt,
-        mesh,
-        &precision.name,
-        &precision.weight_formats(),
-        out,
-        &report,
-    )?;
+    let manifest = clef_tt::tensor_cache::convert(ckpt, mesh, precision, out, &report)?;
     pb.finish_and_clear();
     let bytes: u64 = manifest.entries.iter().map(|e| e.bytes).sum();
     eprintln!(

@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use args::{BenchCommand, Cli, Command};
 use clap::Parser;
 use clef_device::select::{Backend, MeshLayout};
-use clef_device::{MeshOps, Numerics, WeightFormat};
+use clef_device::{MeshOps, WeightFormat};
 use clef_tt::api::client::Client;
 use clef_tt::bench;
 use clef_tt::checkpoint::{default_model_dir, resolve_model_dir, Checkpoint};
@@ -48,12 +48,7 @@ fn pipeline<B: MeshOps>(
     mesh: B,
     profile: &Precision,
 ) -> anyhow::Result<Pipeline<B>> {
-    Ok(Pipeline::load(
-        ckpt,
-        mesh,
-        &profile.weight_formats(),
-        profile.bf16_embeddings(),
-    )?)
+    Ok(Pipeline::load(ckpt, mesh, profile)?)
 }
 
 /// `--model` / `CLEF_MODEL`, else `HF_MODEL` (what tt-model launchers set), else `None` for the
@@ -183,7 +178,7 @@ pub fn main() -> anyhow::Result<()> {
         }
         Command::Convert { placed, out } => {
             let (ckpt, device, precision, layout) = placed.resolve()?;
-            on_device!(&device, layout, Numerics::default(), |open| {
+            on_device!(&device, layout, precision.numerics(), |open| {
                 convert::run(&ckpt, &open(0)?, &precision, &out)?
             });
             Ok(())
@@ -280,14 +275,14 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             precision,
             mesh,
             repeat,
-            profile,
+            op_times,
             shape: Some(shape),
             start,
             max_device_ops,
             device,
         } => {
-            if model.is_some() || profile {
-                bail!("--shape measures synthetic weights: drop --model and --profile");
+            if model.is_some() || op_times {
+                bail!("--shape measures synthetic weights: drop --model and --op-times");
             }
             let Backend::Tt(shim) = device.resolve()? else {
                 bail!("--shape measures the Tenstorrent device path: pass --device tt");
@@ -319,7 +314,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             precision,
             mesh,
             repeat,
-            profile,
+            op_times,
             shape: None,
             start: _,
             max_device_ops: _,
@@ -341,7 +336,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
                 meshes: &mesh,
                 lengths: &tokens,
                 repeats: repeat,
-                per_op: profile,
+                per_op: op_times,
             };
             bench::model::prefill(&device.resolve()?, &bench, &mut std::io::stdout())?;
         }
@@ -362,7 +357,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             sizes,
             mesh,
             format,
-            profile,
+            op_times,
             repeat,
         } => {
             let sizes = sizes
@@ -372,7 +367,7 @@ fn run_bench(what: BenchCommand) -> anyhow::Result<()> {
             let format = weight_format(&format)?;
             let mut rows = Vec::new();
             for &shape in &mesh {
-                let mesh = if profile {
+                let mesh = if op_times {
                     clef_device::cpu::CpuMesh::with_profile(shape)
                 } else {
                     clef_device::cpu::CpuMesh::new(shape)

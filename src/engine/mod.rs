@@ -12,12 +12,13 @@ pub mod prefix_cache;
 pub mod serving;
 pub mod worker;
 
-use crate::backbone::{Backbone, LoadError, PrefillError, PrefillState, WeightFormats};
+use crate::backbone::{Backbone, LoadError, PrefillError, PrefillState};
 use crate::checkpoint::{Checkpoint, CheckpointError, RowTable};
 use crate::encode::{encode, EncodeError, EncodedRecord, LengthRule};
 use crate::head::answer::{answer, probabilities};
 use crate::head::{HeadMemory, HeadQuestion, JointHead};
 use crate::media::{load_tower, media_tokens, positions, prepare, MediaLimits, PreparedMedia};
+use crate::precision::Precision;
 use crate::request::{parse_body, validate, HostLimits, RequestError, SystemOneRequest};
 use crate::request::{DecisionBody, Usage};
 use clef_device::{HostTensor, MeshOps, WeightFormat};
@@ -149,30 +150,27 @@ pub const INJECTED_FAULT: &str = "injected fault (test switch)";
 pub const INJECTED_DEVICE_FAULT: &str = "injected device fault (test switch)";
 
 impl<B: MeshOps> Pipeline<B> {
+    /// Every matrix in `format`, the rest as the `f32` profile ([`Precision::uniform`]).
     pub fn new(ckpt: &Checkpoint, mesh: B, format: WeightFormat) -> Result<Self, PipelineError> {
-        Self::load(ckpt, mesh, &WeightFormats::uniform(format), false)
+        Self::load(ckpt, mesh, &Precision::uniform(format))
     }
 
-    /// A pipeline whose backbone holds each class of matrices in its own format (a precision
-    /// profile's; its numerics are the mesh's business).
-    pub fn load(
-        ckpt: &Checkpoint,
-        mesh: B,
-        formats: &WeightFormats,
-        bf16_embeddings: bool,
-    ) -> Result<Self, PipelineError> {
-        let backbone = Backbone::load_with(ckpt, mesh, formats, bf16_embeddings)?;
-        Self::with_backbone(ckpt, backbone, formats.vision)
+    /// A pipeline whose weights are held as `precision` says, on a mesh opened with
+    /// `precision.numerics()`.
+    pub fn load(ckpt: &Checkpoint, mesh: B, precision: &Precision) -> Result<Self, PipelineError> {
+        let backbone = Backbone::load_with(ckpt, mesh, precision)?;
+        Self::with_backbone(ckpt, backbone, precision)
     }
 
     /// A pipeline around a backbone already placed (e.g. from a tensor cache); the vision
     /// tower, if the checkpoint has one, is placed on the same mesh with matrices in
-    /// `vision_format`.
+    /// `precision`'s vision format.
     pub fn with_backbone(
         ckpt: &Checkpoint,
         backbone: Backbone<B>,
-        vision_format: WeightFormat,
+        precision: &Precision,
     ) -> Result<Self, PipelineError> {
+        let vision_format = precision.vision;
         let head_files = ckpt.head.as_ref().ok_or_else(|| CheckpointError::Config {
             file: ckpt
                 .dir

@@ -221,7 +221,6 @@ pub fn load_workers<B: MeshOps>(
     progress: &dyn LoadProgress,
 ) -> Result<Workers<B>, ServingError> {
     let open = |worker| open(worker).map_err(|source| ServingError::Open { worker, source });
-    let formats = spec.precision.weight_formats();
     let shape = spec.shape.to_string();
     let profile = &spec.precision.name;
     let mut first = Some(open(0)?);
@@ -231,8 +230,7 @@ pub fn load_workers<B: MeshOps>(
             ckpt,
             mesh.backend_name(),
             &shape,
-            profile,
-            &formats,
+            spec.precision,
         )?),
         (WeightSource::ManagedCache(root), Some(mesh)) => {
             managed_cache(root, ckpt, mesh, spec, progress)
@@ -249,18 +247,17 @@ pub fn load_workers<B: MeshOps>(
         };
         tracing::info!(worker = i, mesh = %shape, precision = %profile, "loading weights");
         let t0 = Instant::now();
-        let bf16_embeddings = spec.precision.bf16_embeddings();
         let backbone = match &cache {
             Some(cache) => {
                 let report = progress.stage("loading the tensor cache");
-                cache.load_backbone(ckpt, mesh, &formats, bf16_embeddings, &report)?
+                cache.load_backbone(ckpt, mesh, spec.precision, &report)?
             }
             None => {
                 let report = progress.stage("loading the checkpoint");
-                Backbone::load_reporting(ckpt, mesh, &formats, bf16_embeddings, &report)?
+                Backbone::load_reporting(ckpt, mesh, spec.precision, &report)?
             }
         };
-        let pipeline = Pipeline::with_backbone(ckpt, backbone, formats.vision)?;
+        let pipeline = Pipeline::with_backbone(ckpt, backbone, spec.precision)?;
         let usage = pipeline.backbone.mesh().usage();
         tracing::info!(
             worker = i,
@@ -310,11 +307,10 @@ fn managed_cache<B: MeshOps>(
     let backend = mesh.backend_name();
     let shape = spec.shape.to_string();
     let profile = &spec.precision.name;
-    let formats = spec.precision.weight_formats();
     let dir = root
         .join("clef-tt")
         .join(format!("{backend}-{shape}-{profile}"));
-    let open = || TensorCache::open(&dir, ckpt, backend, &shape, profile, &formats);
+    let open = || TensorCache::open(&dir, ckpt, backend, &shape, spec.precision);
     match open() {
         Ok(cache) => return Some(cache),
         Err(e) => {
@@ -328,7 +324,7 @@ fn managed_cache<B: MeshOps>(
     let t0 = Instant::now();
     let converted = {
         let report = progress.stage("converting");
-        crate::tensor_cache::convert(ckpt, mesh, profile, &formats, &dir, &report)
+        crate::tensor_cache::convert(ckpt, mesh, spec.precision, &dir, &report)
     };
     match converted.and_then(|_| open()) {
         Ok(cache) => {

@@ -5,15 +5,45 @@
 //! Tenstorrent device to `selected`) and every knob can be overridden by an environment
 //! variable, with the Tenstorrent package's `QWEN36_*` names where it has one ([`OVERRIDES`]).
 //!
-//! On the CPU device the weight formats, fidelity, accumulation, bf16 activations and bf16
-//! embeddings are imitated; the KV cache, DeltaNet gate and state stay f32 there (the knobs are
-//! reported and passed to a device, not imitated).
+//! Every knob reaches every device. The weight formats go to the loader and the tensor cache;
+//! [`Precision::numerics`] carries the rest to the mesh: the matrix engine's settings, bf16
+//! activations and the dtypes the mesh keeps the KV cache and the DeltaNet gates and state in
+//! (the Tenstorrent mesh passes them through `clef_tt.h` when it opens). The CPU mesh imitates
+//! all of them (bf16: rounded where the device would keep bf16), as does the host shim; the
+//! ttnn shim keeps bf16 KV and f32 DeltaNet gates and state only and refuses to open a mesh
+//! asked for anything else, naming the override that fixes it (so the `f32` profile, whose
+//! KV cache is f32, needs `CLEF_KV_DTYPE=bf16` there).
 
-use crate::backbone::WeightFormats;
 use clef_device::cpu::matmul::{Fidelity, Numerics};
-use clef_device::WeightFormat;
+use clef_device::{Kept, WeightFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+/// The format of each class of matrices (vectors always stay f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightFormats {
+    /// Attention `[q|gate, k, v]` and `o_proj`.
+    pub attention: WeightFormat,
+    /// DeltaNet `in_proj` and `out_proj`.
+    pub deltanet: WeightFormat,
+    pub mlp_gate_up: WeightFormat,
+    pub mlp_down: WeightFormat,
+    /// The vision tower's matrices.
+    pub vision: WeightFormat,
+}
+
+impl WeightFormats {
+    /// Every matrix in `format`.
+    pub fn uniform(format: WeightFormat) -> Self {
+        WeightFormats {
+            attention: format,
+            deltanet: format,
+            mlp_gate_up: format,
+            mlp_down: format,
+            vision: format,
+        }
+    }
+}
 
 /// The profiles shipped with clef-tt, by name.
 pub const PROFILES: [(&str, &str); 5] = [
@@ -193,6 +223,20 @@ impl Precision {
         Self::resolve(name, |v| std::env::var(v).ok())
     }
 
+    /// The `f32` profile with every matrix in `format` (tests and benchmarks of one format).
+    pub fn uniform(format: WeightFormat) -> Self {
+        let f = WeightFormats::uniform(format);
+        let mut p = Precision::resolve("f32", |_| None).unwrap_or_else(|_| unreachable!());
+        p.name = format!("uniform-{}", format.name());
+        p.description = format!(
+            "every matrix in {}, the rest as the f32 profile",
+            format.name()
+        );
+        (p.attention, p.deltanet, p.mlp_gate_up, p.mlp_down, p.vision) =
+            (f.attention, f.deltanet, f.mlp_gate_up, f.mlp_down, f.vision);
+        p
+    }
+
     /// The backbone's matrix formats.
     pub fn weight_formats(&self) -> WeightFormats {
         WeightFormats {
@@ -204,12 +248,17 @@ impl Precision {
         }
     }
 
-    /// What the CPU matmul imitates.
+    /// How the mesh computes and what it keeps: the matrix engine's settings, bf16
+    /// activations, and the KV cache's and DeltaNet gates' and state's dtypes.
     pub fn numerics(&self) -> Numerics {
+        let kept = |bf16: bool| if bf16 { Kept::Bf16 } else { Kept::F32 };
         Numerics {
             bf16_activations: self.bf16_activations,
             fidelity: self.fidelity,
             bf16_accumulation: !self.fp32_dest_acc,
+            kv_cache: kept(self.kv_cache == WeightFormat::Bf16),
+            gdn_gates: kept(!self.gdn_gate_fp32),
+            gdn_state: kept(!self.gdn_state_fp32),
         }
     }
 
@@ -235,7 +284,7 @@ impl Precision {
             "kv_cache": self.kv_cache.name(),
             "embeddings": self.embeddings.name(),
             "overrides": self.overridden.iter().map(|(k, v)| json!({k: v})).collect::<Vec<_>>(),
-            "imitated_on_cpu": ["weight formats", "math fidelity", "accumulation", "bf16 activations", "bf16 embeddings"],
+            "imitated_on_cpu": ["weight formats", "math fidelity", "accumulation", "bf16 activations", "bf16 embeddings", "KV cache dtype", "DeltaNet gate and state dtypes"],
         })
     }
 }
@@ -243,6 +292,33 @@ impl Precision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kept_dtypes_reach_the_numerics_the_mesh_opens_with() {
+        let f32 = Precision::resolve("f32", |_| None).unwrap().numerics();
+        assert_eq!(
+            (f32.kv_cache, f32.gdn_gates, f32.gdn_state),
+            (Kept::F32, Kept::F32, Kept::F32)
+        );
+        let bf16 = Precision::resolve("bf16", |_| None).unwrap().numerics();
+        assert_eq!(
+            (bf16.kv_cache, bf16.gdn_gates, bf16.gdn_state),
+            (Kept::Bf16, Kept::F32, Kept::F32)
+        );
+        let env = |var: &str| match var {
+            "CLEF_KV_DTYPE" => Some("bf16".to_string()),
+            "QWEN36_GDN_GATE_FP32" | "QWEN_GDN_FP32_STATE" => Some("0".to_string()),
+            _ => None,
+        };
+        let overridden = Precision::resolve("f32", env).unwrap();
+        let n = overridden.numerics();
+        assert_eq!(
+            (n.kv_cache, n.gdn_gates, n.gdn_state),
+            (Kept::Bf16, Kept::Bf16, Kept::Bf16)
+        );
+        assert_eq!(overridden.card()["kv_cache"], "bf16");
+        assert_eq!(overridden.card()["gdn_state_fp32"], false);
+    }
 
     #[test]
     fn every_profile_resolves_and_selected_is_the_packages_stage1() {

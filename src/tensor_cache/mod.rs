@@ -14,6 +14,7 @@ use crate::backbone::{
     WeightFormats,
 };
 use crate::checkpoint::Checkpoint;
+use crate::precision::Precision;
 use clef_device::{MeshOps, SharedBytes, WeightBytes, WeightFormat, WeightKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -107,22 +108,22 @@ fn rebuild_hint(model: &Path, backend: &str, profile: &str, mesh: &str, out: &Pa
         format!(" --device {backend}")
     };
     format!(
-        "clef-tt convert --model {} --profile {profile} --mesh {mesh}{device} --out {}",
+        "clef-tt convert --model {} --precision {profile} --mesh {mesh}{device} --out {}",
         model.display(),
         out.display()
     )
 }
 
-/// Convert `ckpt`'s text weights for `mesh` with `formats` (profile `profile`) into a cache
-/// at `out`, calling `progress(done, total)` after every weight.
+/// Convert `ckpt`'s text weights for `mesh` in `precision`'s weight formats into a cache at
+/// `out`, calling `progress(done, total)` after every weight.
 pub fn convert<B: MeshOps>(
     ckpt: &Checkpoint,
     mesh: &B,
-    profile: &str,
-    formats: &WeightFormats,
+    precision: &Precision,
     out: &Path,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Manifest, CacheError> {
+    let (profile, formats) = (precision.name.as_str(), &precision.weight_formats());
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
@@ -245,16 +246,16 @@ pub struct TensorCache {
 }
 
 impl TensorCache {
-    /// Open the cache at `dir` for `ckpt` on a `mesh` mesh of backend `backend` with profile
-    /// `profile` (`formats`); refuse it when anything differs.
+    /// Open the cache at `dir` for `ckpt` on a `mesh` mesh of backend `backend` with
+    /// `precision` (its profile and weight formats); refuse it when anything differs.
     pub fn open(
         dir: &Path,
         ckpt: &Checkpoint,
         backend: &str,
         mesh: &str,
-        profile: &str,
-        formats: &WeightFormats,
+        precision: &Precision,
     ) -> Result<Self, CacheError> {
+        let (profile, formats) = (precision.name.as_str(), &precision.weight_formats());
         let hint = rebuild_hint(&ckpt.dir, backend, profile, mesh, dir);
         let stale = |msg: String| {
             CacheError::Stale(
@@ -335,25 +336,24 @@ impl TensorCache {
     }
 
     /// The text backbone of `ckpt` on `mesh` with its weights from this cache (made for this
-    /// mesh and these formats); `progress(done, total)` follows the entries.
+    /// mesh and `precision`'s formats); `progress(done, total)` follows the entries.
     pub fn load_backbone<B: MeshOps>(
         &self,
         ckpt: &Checkpoint,
         mesh: B,
-        formats: &WeightFormats,
-        bf16_embeddings: bool,
+        precision: &Precision,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Backbone<B>, CacheError> {
         let plan =
             TpPlan::new(&ckpt.config.text, mesh.mesh().devices()).map_err(LoadError::from)?;
         let t0 = std::time::Instant::now();
-        let placed = self.place(&mesh, &plan, formats, progress)?;
+        let placed = self.place(&mesh, &plan, &precision.weight_formats(), progress)?;
         Ok(Backbone::from_placed(
             ckpt,
             mesh,
             plan,
             placed,
-            bf16_embeddings,
+            precision.bf16_embeddings(),
             t0,
             "tensor cache",
         )?)

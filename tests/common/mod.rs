@@ -60,13 +60,7 @@ pub fn fixture_pipeline_on<B: clef_device::MeshOps>(
 ) -> clef_tt::engine::Pipeline<B> {
     let profile = clef_tt::precision::Precision::resolve(profile, |_| None).unwrap();
     let ckpt = clef_tt::checkpoint::Checkpoint::open(&fixtures().join(fixture)).unwrap();
-    clef_tt::engine::Pipeline::load(
-        &ckpt,
-        mesh(profile.numerics()),
-        &profile.weight_formats(),
-        profile.bf16_embeddings(),
-    )
-    .unwrap()
+    clef_tt::engine::Pipeline::load(&ckpt, mesh(profile.numerics()), &profile).unwrap()
 }
 
 /// [`profile_pipeline_on`] a CPU mesh of `shape`.

@@ -1,4 +1,4 @@
-//! Optional per-op wall-time accounting of the CPU backend (for `bench prefill --profile`).
+//! Optional per-op wall-time accounting of the CPU backend (for `bench prefill --op-times`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -28,8 +28,8 @@ pub use shim::{Shim, ShimError, HOST_SHIM, TTNN_SHIM};
 
 use crate::formats::{self, TileFormat};
 use crate::{
-    DeviceError, DeviceUsage, GatherAxis, HostTensor, HostWeight, MeshShape, Numerics, Result,
-    SharedBytes, WeightBytes, WeightFormat, WeightKind,
+    DeviceError, DeviceUsage, GatherAxis, Held, HostTensor, HostWeight, Kept, MeshShape, Numerics,
+    Result, SharedBytes, WeightBytes, WeightFormat, WeightKind,
 };
 use handles::{MeshHandle, TensorHandle};
 use std::ptr::{null_mut, NonNull};
@@ -83,6 +83,14 @@ pub struct TtWeight {
     cols: usize,
 }
 
+/// The ABI's dtype of a kept class.
+fn kept_dtype(kept: Kept) -> sys::clef_tt_dtype {
+    match kept {
+        Kept::F32 => sys::CLEF_TT_F32,
+        Kept::Bf16 => sys::CLEF_TT_BF16,
+    }
+}
+
 fn dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| DeviceError::Shape {
         op,
@@ -129,7 +137,8 @@ pub enum Allocation {
 }
 
 impl TtMesh {
-    /// Open a mesh through `shim`; matmuls compute with `numerics`.
+    /// Open a mesh through `shim`; matmuls compute with `numerics`, and the mesh keeps the
+    /// KV cache and DeltaNet state in its dtypes (or refuses to open, naming one it cannot).
     pub fn open(shim: &Arc<Shim>, placement: MeshPlacement, numerics: Numerics) -> Result<Self> {
         let config = sys::clef_tt_mesh_config {
             cols: dim("mesh_open", "cols", placement.shape.devices())?,
@@ -142,11 +151,10 @@ impl TtMesh {
             num_command_queues: COMMAND_QUEUES,
             l1_small_size: L1_SMALL_SIZE,
             trace_region_size: 0,
-            activation_dtype: if numerics.bf16_activations {
-                sys::CLEF_TT_BF16
-            } else {
-                sys::CLEF_TT_F32
-            },
+            activation_dtype: kept_dtype(numerics.kept(Held::Activation)),
+            kv_dtype: kept_dtype(numerics.kv_cache),
+            gdn_gate_dtype: kept_dtype(numerics.gdn_gates),
+            gdn_state_dtype: kept_dtype(numerics.gdn_state),
         };
         let mut raw = null_mut();
         // SAFETY: `config` and `raw` outlive the call.

@@ -79,9 +79,17 @@ impl MeshOps for TtMesh {
         "tt"
     }
 
-    /// The host shim holds activations as f32 tiles (32x32, padded).
-    fn activation_bytes(&self, rows: usize, cols: usize) -> usize {
-        crate::formats::packed_bytes(rows, cols, crate::formats::TileFormat::F32)
+    /// Tiles (32x32, padded): bf16 where ttnn keeps the class in bf16; the host shim keeps
+    /// everything as f32 tiles (it rounds what is kept as bf16).
+    fn held_bytes(&self, rows: usize, cols: usize, class: crate::Held) -> usize {
+        use crate::formats::{packed_bytes, TileFormat};
+        let bf16 = self.numerics().kept(class) == crate::Kept::Bf16;
+        let format = if bf16 && self.shim().backend() == "ttnn" {
+            TileFormat::Bf16
+        } else {
+            TileFormat::F32
+        };
+        packed_bytes(rows, cols, format)
     }
 
     fn usage(&self) -> Option<crate::DeviceUsage> {

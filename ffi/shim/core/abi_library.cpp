@@ -3,6 +3,7 @@
 // point is noexcept: failures become a status and the thread's last error (call.hpp).
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "call.hpp"
 #include "tile_format.hpp"
@@ -22,9 +23,14 @@ namespace {
 
 void check_mesh_config(const clef_tt_mesh_config& c, uint32_t visible) {
   auto text = [](uint32_t n) { return "1x" + std::to_string(n); };
-  if (c.activation_dtype != CLEF_TT_F32 && c.activation_dtype != CLEF_TT_BF16) {
-    invalid(std::string("activations are held in f32 or bf16, not ") +
-            dtype_name(c.activation_dtype));
+  const std::pair<const char*, clef_tt_dtype> kept[] = {{"activations", c.activation_dtype},
+                                                        {"the KV cache", c.kv_dtype},
+                                                        {"the DeltaNet gates", c.gdn_gate_dtype},
+                                                        {"the DeltaNet state", c.gdn_state_dtype}};
+  for (const auto& [what, dtype] : kept) {
+    if (dtype != CLEF_TT_F32 && dtype != CLEF_TT_BF16) {
+      invalid(std::string(what) + " can be kept in f32 or bf16 only, not " + dtype_name(dtype));
+    }
   }
   if (c.cols == 0 || c.cols > CLEF_TT_MAX_DEVICES) {
     invalid("cols " + std::to_string(c.cols) + ": a mesh has 1 to " +

@@ -95,11 +95,20 @@ class Faults {
   std::map<std::string, uint64_t> calls_;
 };
 
+// Rows as a mesh keeps them in `dtype`: the host keeps f32 and rounds what is kept as bf16.
+Rows kept(Rows r, clef_tt_dtype dtype) {
+  if (dtype == CLEF_TT_BF16) {
+    for (float& v : r.v) v = round_bf16(v);
+  }
+  return r;
+}
+
 class HostMesh : public DeviceMesh {
  public:
-  HostMesh(uint32_t first, uint32_t devices) : first_(first), devices_(devices) {
+  HostMesh(uint32_t first, const clef_tt_mesh_config& config)
+      : first_(first), devices_(config.cols), config_(config) {
     ledger_ = std::make_shared<Ledger>();
-    ledger_->bytes.assign(devices, 0);
+    ledger_->bytes.assign(devices_, 0);
   }
 
   std::vector<uint32_t> device_ids() const override {
@@ -117,7 +126,9 @@ class HostMesh : public DeviceMesh {
     std::string ids;
     for (uint32_t id : device_ids()) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
     return "{\"devices\": " + std::to_string(devices_) + ", \"device_ids\": [" + ids +
-           "], \"activation_dtype\": \"f32\"}";
+           "], \"activation_dtype\": \"f32\", \"kv_dtype\": \"" + dtype_name(config_.kv_dtype) +
+           "\", \"gdn_gate_dtype\": \"" + dtype_name(config_.gdn_gate_dtype) +
+           "\", \"gdn_state_dtype\": \"" + dtype_name(config_.gdn_state_dtype) + "\"}";
   }
 
   StoragePtr allocate(const Meta& meta) override {
@@ -233,7 +244,7 @@ class HostMesh : public DeviceMesh {
   StoragePtr append_rows(const TensorView* cache, const TensorView& new_rows, uint32_t) override {
     faults_.count("append_rows");
     return each([&](uint32_t d) {
-      Rows tail = rows(new_rows, d);
+      Rows tail = kept(rows(new_rows, d), config_.kv_dtype);
       if (cache == nullptr) return tail;
       Rows all = rows(*cache, d);
       all.rows += tail.rows;
@@ -274,10 +285,11 @@ class HostMesh : public DeviceMesh {
   StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
                           const TensorView& dt_bias) override {
     faults_.count("delta_gates");
+    const clef_tt_dtype gates = config_.gdn_gate_dtype;
     auto g = each([&](uint32_t d) {
-      return math::decay_gate(rows(a, d), values(a_log, d), values(dt_bias, d));
+      return kept(math::decay_gate(rows(a, d), values(a_log, d), values(dt_bias, d)), gates);
     });
-    auto beta = each([&](uint32_t d) { return math::sigmoid_all(rows(b, d)); });
+    auto beta = each([&](uint32_t d) { return kept(math::sigmoid_all(rows(b, d)), gates); });
     return {std::move(g), std::move(beta)};
   }
 
@@ -290,7 +302,7 @@ class HostMesh : public DeviceMesh {
                                 : rows(*state, d);
       auto pair = math::gated_delta_rule(rows(qkv, d), rows(g, d), rows(beta, d), s, spec);
       outs.push_back(std::move(pair.first));
-      states.push_back(std::move(pair.second));
+      states.push_back(kept(std::move(pair.second), config_.gdn_state_dtype));
     }
     return {tiles(outs), tiles(states)};
   }
@@ -395,6 +407,7 @@ class HostMesh : public DeviceMesh {
 
   uint32_t first_;
   uint32_t devices_;
+  clef_tt_mesh_config config_;
   std::shared_ptr<Ledger> ledger_;
   Faults faults_;
 };
@@ -425,7 +438,7 @@ class HostBackend : public Backend {
 
   std::unique_ptr<DeviceMesh> open(const clef_tt_mesh_config& config) override {
     count_open();
-    return std::make_unique<HostMesh>(0, config.cols);
+    return std::make_unique<HostMesh>(0, config);
   }
 
   std::shared_ptr<ParentMesh> open_parent(const clef_tt_mesh_config&) override {
@@ -435,7 +448,7 @@ class HostBackend : public Backend {
   std::unique_ptr<DeviceMesh> open_submesh(const std::shared_ptr<ParentMesh>&,
                                            const clef_tt_mesh_config& config) override {
     count_open();
-    return std::make_unique<HostMesh>(config.submesh_offset, config.cols);
+    return std::make_unique<HostMesh>(config.submesh_offset, config);
   }
 
  private:

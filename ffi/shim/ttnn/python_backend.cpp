@@ -43,6 +43,9 @@ py::dict config_dict(const clef_tt_mesh_config& c) {
   d["l1_small_size"] = c.l1_small_size;
   d["trace_region_size"] = c.trace_region_size;
   d["activation_dtype"] = static_cast<int>(c.activation_dtype);
+  d["kv_dtype"] = static_cast<int>(c.kv_dtype);
+  d["gdn_gate_dtype"] = static_cast<int>(c.gdn_gate_dtype);
+  d["gdn_state_dtype"] = static_cast<int>(c.gdn_state_dtype);
   return d;
 }
 

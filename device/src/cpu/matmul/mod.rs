@@ -264,7 +264,7 @@ fn linear_on(
         return y;
     }
     let (weight_mask, activation_mask) = numerics.fidelity.masks();
-    let rounding = (!numerics.is_exact()).then_some(Rounding {
+    let rounding = (!numerics.exact_matmul()).then_some(Rounding {
         bf16: bf16_activations(numerics),
         mask: activation_mask,
     });

@@ -292,11 +292,13 @@ fn every_isa_kernel_equals_the_portable_path() {
             bf16_activations: true,
             fidelity: Fidelity::LoFi,
             bf16_accumulation: false,
+            ..Numerics::default()
         },
         Numerics {
             bf16_activations: true,
             fidelity: Fidelity::HiFi2,
             bf16_accumulation: true,
+            ..Numerics::default()
         },
     ];
     let mut checked = 0;
@@ -417,11 +419,13 @@ fn the_bf16_dot_kernel_equals_its_emulation_bit_for_bit() {
                 bf16_activations: true,
                 fidelity: Fidelity::LoFi,
                 bf16_accumulation: true,
+                ..Numerics::default()
             },
             Numerics {
                 bf16_activations: true,
                 fidelity: Fidelity::HiFi2,
                 bf16_accumulation: false,
+                ..Numerics::default()
             },
         ];
         let mut checked = 0;

@@ -12,10 +12,17 @@ pub(in crate::cpu) fn append_rows(
     _heads: usize,
 ) -> Result<CpuTensor> {
     let _t = mesh.timer("append_rows");
+    // The new rows as the KV cache keeps them (bf16: rounded, as a device typecasts them).
+    let kv = mesh.numerics().kv_cache;
+    let kept = mesh.elementwise("append_rows", &[new], |_, p| {
+        let mut rows = p[0].clone();
+        kv.keep(&mut rows.data);
+        Ok(rows)
+    })?;
     let Some(cache) = cache else {
-        return Ok(new.clone());
+        return Ok(kept);
     };
-    mesh.elementwise("append_rows", &[cache, new], |_, p| {
+    mesh.elementwise("append_rows", &[cache, &kept], |_, p| {
         if p[0].cols != p[1].cols {
             return Err(shape(
                 "append_rows",

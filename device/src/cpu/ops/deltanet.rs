@@ -78,6 +78,8 @@ pub(in crate::cpu) fn delta_gates(
     dt_bias: &CpuWeight,
 ) -> Result<(CpuTensor, CpuTensor)> {
     let _t = mesh.timer("delta_gates");
+    // The gates as the delta rule reads them (bf16: rounded).
+    let gates = mesh.numerics().gdn_gates;
     let g = mesh.elementwise("delta_gates", &[a], |d, p| {
         let nv = p[0].cols;
         let alog = CpuMesh::vector("delta_gates", a_log, d, nv)?;
@@ -88,11 +90,13 @@ pub(in crate::cpu) fn delta_gates(
                 *v = -alog[h].exp() * softplus(*v + bias[h]);
             }
         }
+        gates.keep(&mut out.data);
         Ok(out)
     })?;
     let beta = mesh.elementwise("delta_gates", &[b], |_, p| {
         let mut out = p[0].clone();
         sigmoid_in_place(&mut out.data);
+        gates.keep(&mut out.data);
         Ok(out)
     })?;
     Ok((g, beta))
@@ -107,14 +111,18 @@ pub(in crate::cpu) fn gated_delta_rule(
     spec: &DeltaNetSpec,
 ) -> Result<(CpuTensor, CpuTensor)> {
     let _t = mesh.timer("gated_delta_rule");
+    // The state as it is kept between calls (bf16: rounded).
+    let kept = mesh.numerics().gdn_state;
     let pairs = mesh.per_device(|d| {
-        delta_rule_device(
+        let (out, mut state) = delta_rule_device(
             &qkv.shards[d],
             &g.shards[d],
             &beta.shards[d],
             state.map(|s| &s.shards[d]),
             spec,
-        )
+        )?;
+        kept.keep(&mut state.data);
+        Ok((out, state))
     })?;
     let placement = if mesh.devices() == 1 {
         qkv.placement

@@ -12,7 +12,7 @@ chips, and opening meshes exactly as the Tenstorrent port does (Tenstorrent's do
 
 import os
 
-from .mesh import Mesh
+from .mesh import Mesh, check_kept
 
 TTNN_VERSION = "0.81.1"
 
@@ -125,6 +125,7 @@ class Backend:
 
     def open(self, config):
         """A 1x`cols` mesh opened directly."""
+        check_kept(config)
         self._fabric_acquire()
         try:
             device = self._open_line(config["cols"], config)
@@ -134,6 +135,7 @@ class Backend:
         return Mesh(self.ttnn, device, config, on_close=self._fabric_release)
 
     def open_parent(self, config):
+        check_kept(config)
         self._fabric_acquire()
         try:
             device = self._open_line(config["parent_cols"], config)
@@ -143,6 +145,7 @@ class Backend:
         return Parent(self, device)
 
     def open_submesh(self, parent, config):
+        check_kept(config)
         ttnn = self.ttnn
         cols, offset = int(config["cols"]), int(config.get("submesh_offset", 0))
         sub = parent.device.create_submesh(ttnn.MeshShape(1, cols), ttnn.MeshCoordinate(0, offset))

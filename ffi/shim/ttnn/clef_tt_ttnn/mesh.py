@@ -20,7 +20,7 @@ from .golden import enabled as golden_enabled
 from .graph import GraphCommands
 from .kv_cache import KV, KvCache, SparePools
 from .layers import LayerOps
-from .meta import ACTIVATION, BF16, MATRIX, VECTOR, as_meta
+from .meta import ACTIVATION, BF16, DTYPE_NAMES, F32, MATRIX, VECTOR, as_meta
 from .meta import describe as meta_text
 from .programs import eltwise_cores
 from .tensors import DT, Helpers
@@ -32,6 +32,39 @@ from .vision import VisionOps
 INTERNAL_LIMIT = 64
 # Spare KV pool tensors a mesh keeps (kv_cache.SparePools).
 KV_SPARE_POOLS = 64
+
+
+# What this backend keeps, and why it keeps nothing else: the KV cache is read by
+# chunked_scaled_dot_product_attention, which takes bf16 (or block-float) K and V only, never
+# f32; the DeltaNet gates and state go through chunk_gated_delta_rule, which runs in f32.
+KEPT = {
+    "kv_dtype": (BF16, "the KV cache", "its attention reads bf16 K/V only", "CLEF_KV_DTYPE=bf16"),
+    "gdn_gate_dtype": (
+        F32,
+        "the DeltaNet gates",
+        "the delta rule runs in f32",
+        "QWEN36_GDN_GATE_FP32=1",
+    ),
+    "gdn_state_dtype": (
+        F32,
+        "the DeltaNet state",
+        "the delta rule runs in f32",
+        "QWEN_GDN_FP32_STATE=1",
+    ),
+}
+
+
+def check_kept(config):
+    """Refuses (ValueError, before any device opens) a mesh config asking to keep the KV cache
+    or the DeltaNet gates or state in a dtype this backend cannot keep, naming the fix. A key
+    the config lacks takes the dtype kept."""
+    for key, (dtype, what, why, fix) in KEPT.items():
+        asked = int(config.get(key, dtype))
+        if asked != dtype:
+            raise ValueError(
+                f"{what} cannot be kept in {DTYPE_NAMES.get(asked, asked)} on the ttnn backend "
+                f"({why}); it keeps {DTYPE_NAMES[dtype]}: set {fix}"
+            )
 
 
 class Mesh(
@@ -208,6 +241,8 @@ class Mesh(
             "dram_allocated_per_device": int(view.total_bytes_allocated_per_bank)
             * int(view.num_banks),
             "activation_dtype": "bf16" if self.act_dtype == self.ttnn.bfloat16 else "f32",
+            # What the mesh keeps (check_kept: the only dtypes this backend keeps).
+            **{key: DTYPE_NAMES[dtype] for key, (dtype, *_) in KEPT.items()},
             # Batched passes (layers.py): the cores the delta rule spreads batch x value heads
             # over (batch x value heads per device must not exceed them); 0 where the layer ops
             # do not run (activations or KV not bf16).

@@ -16,7 +16,7 @@ its circular buffers; the kernels compile with the stand-in compiler), then once
 captured call takes the same path. From each capture: the ttnn device operations, the program
 factory of each, its circular buffers (count, bytes per core) and the op's peak L1 per core
 (`extract_resource_usage_per_core`: circular + dataflow buffers + L1 buffers). Next to each row,
-the `clef-tt plan --shape clef-27b --mesh 1x2 --profile selected` op it belongs to, with that
+the `clef-tt plan --shape clef-27b --mesh 1x2 --precision selected` op it belongs to, with that
 op's GFLOP and predicted ms per run (the plan's totals divided by its runs; ops that share a plan
 row show it once). A matmul table says for each linear what programs.py asked for (the port's
 2-D multicast config, or none when its buffer estimate exceeds the budget) and the factory ttnn
@@ -133,7 +133,7 @@ def plan_tables(binary, start):
             "clef-27b",
             "--mesh",
             "1x2",
-            "--profile",
+            "--precision",
             "selected",
             "--tokens",
             str(T),
