@@ -1,11 +1,10 @@
 //! The `clef-tt` command line: `args` defines it, `main` dispatches each subcommand to its
-//! module (`serve`, `inspect`, `decide`, `eval`, `convert`; `bench` and `devices` to the library's
-//! `bench` and `clef_device::select`); `device` picks the CPU mesh or a Tenstorrent mesh for the
-//! commands that run the model.
+//! module (`serve`, `convert`) or to the library (`decide`: `api::lines`; `inspect`, `eval`,
+//! `plan`, `bench`; `devices`: `clef_device::select`); `device` picks the CPU mesh or a
+//! Tenstorrent mesh for the commands that run the model.
 
 pub mod args;
 pub mod convert;
-pub mod decide;
 pub mod device;
 #[cfg(test)]
 mod doc_commands;
@@ -141,7 +140,7 @@ pub fn main() -> anyhow::Result<()> {
             let n = match url {
                 Some(url) => {
                     let client = Client::new(&url, api_key(), HTTP_TIMEOUT);
-                    decide::run_remote(&client, &text, &mut stdout.lock())?
+                    clef_tt::api::lines::run_remote(&client, &text, &mut stdout.lock())?
                 }
                 None => {
                     let ckpt = open(model.model.clone(), model.revision.as_deref())?;
@@ -154,7 +153,7 @@ pub fn main() -> anyhow::Result<()> {
                     let layout = MeshLayout::single(model.mesh);
                     on_device!(&device, layout, precision.numerics(), |open| {
                         let p = pipeline(&ckpt, open(0)?, &precision)?;
-                        decide::run(&p, &text, rule, &mut stdout.lock())?
+                        clef_tt::api::lines::run(&p, &text, rule, &mut stdout.lock())?
                     })
                 }
             };

@@ -1,15 +1,16 @@
-//! `clef-tt decide`: answer requests from a file with a local model, one result line per
+//! Request lines (what `clef-tt decide` runs): answer requests from a file with a local model, one result line per
 //! request — `{"status": <http status>, "body": <response or error body>}` — the same bodies the
 //! server sends under the same limits. `--max-length N` applies the reference's single budget
 //! instead (the state silently cut to fit), which is how the goldens' truncation cases run.
 //! With `--url` the bodies go to a running server and its answers are printed the same way
 //! (without the server's `latency_ms`, so both modes print the same lines for one model).
 
+use super::client::{Client, ClientError};
+use crate::encode::json::dumps;
+use crate::encode::LengthRule;
+use crate::engine::Pipeline;
+use crate::request::HostLimits;
 use clef_device::MeshOps;
-use clef_tt::encode::json::dumps;
-use clef_tt::encode::LengthRule;
-use clef_tt::engine::Pipeline;
-use clef_tt::request::HostLimits;
 use serde_json::json;
 use std::io::Write;
 
@@ -34,7 +35,7 @@ pub fn result_line<B: MeshOps>(
 ) -> String {
     let (status, body) = match pipeline.decide_body(body.as_bytes(), rule, limits) {
         Ok(d) => (200, d.response),
-        Err(e) => (e.status, clef_tt::api::error_body(&e)),
+        Err(e) => (e.status, super::error_body(&e)),
     };
     dumps(&json!({"status": status, "body": body}), false)
 }
@@ -61,13 +62,18 @@ pub fn run<B: MeshOps>(
     Ok(all.len())
 }
 
+/// Why remote request lines stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("writing a result line: {0}")]
+    Write(#[from] std::io::Error),
+}
+
 /// Send every body of `text` to the server behind `client`, writing one line each to `out`.
 /// A server that cannot be reached is an error (nothing more is sent).
-pub fn run_remote(
-    client: &clef_tt::api::client::Client,
-    text: &str,
-    out: &mut impl Write,
-) -> anyhow::Result<usize> {
+pub fn run_remote(client: &Client, text: &str, out: &mut impl Write) -> Result<usize, RemoteError> {
     let all = bodies(text);
     for body in &all {
         let reply = client.decide(body.as_bytes())?;
