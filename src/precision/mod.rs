@@ -226,6 +226,8 @@ impl Precision {
     /// The `f32` profile with every matrix in `format` (tests and benchmarks of one format).
     pub fn uniform(format: WeightFormat) -> Self {
         let f = WeightFormats::uniform(format);
+        // The embedded f32 profile with no overrides always resolves (a test resolves every
+        // profile), and the load paths taking a format have no error of their own for it.
         let mut p = Precision::resolve("f32", |_| None).unwrap_or_else(|_| unreachable!());
         p.name = format!("uniform-{}", format.name());
         p.description = format!(

@@ -3,7 +3,7 @@
 
 use crate::cpu::attention;
 use crate::cpu::{shape, CpuMesh, CpuTensor};
-use crate::{AttentionSpec, HostTensor, Result};
+use crate::{AttentionSpec, HostTensor, Kept, Result};
 
 pub(in crate::cpu) fn append_rows(
     mesh: &CpuMesh,
@@ -14,15 +14,21 @@ pub(in crate::cpu) fn append_rows(
     let _t = mesh.timer("append_rows");
     // The new rows as the KV cache keeps them (bf16: rounded, as a device typecasts them).
     let kv = mesh.numerics().kv_cache;
-    let kept = mesh.elementwise("append_rows", &[new], |_, p| {
-        let mut rows = p[0].clone();
-        kv.keep(&mut rows.data);
-        Ok(rows)
-    })?;
-    let Some(cache) = cache else {
-        return Ok(kept);
+    let rounded;
+    let new = if kv == Kept::F32 {
+        new
+    } else {
+        rounded = mesh.elementwise("append_rows", &[new], |_, p| {
+            let mut rows = p[0].clone();
+            kv.keep(&mut rows.data);
+            Ok(rows)
+        })?;
+        &rounded
     };
-    mesh.elementwise("append_rows", &[cache, &kept], |_, p| {
+    let Some(cache) = cache else {
+        return Ok(new.clone());
+    };
+    mesh.elementwise("append_rows", &[cache, new], |_, p| {
         if p[0].cols != p[1].cols {
             return Err(shape(
                 "append_rows",
