@@ -2,7 +2,8 @@
 per handle, copy-on-write of at most one block.
 
 A pool is one ttnn tensor [capacity_blocks, heads, 64, head_dim_padded] in bf16 (SDPA refuses
-f32; an f32-activation mesh rounds K/V to bf16 there; head_dim padded to a multiple of 32 with
+f32, so a mesh asked for an f32 KV cache does not open: mesh.check_kept; an f32-activation mesh
+rounds K/V to bf16 here; head_dim padded to a multiple of 32 with
 zeros, because SDPA refuses other head widths), as the port holds its KV cache. A cache is a
 `KV` handle: `rows` rows held in the pool blocks `blocks` (block j of the handle holds its
 positions [64 j, 64 j + 64)). Rows are written with `experimental.paged_fill_cache` through a
