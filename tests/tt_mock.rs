@@ -363,24 +363,11 @@ fn a_call_ttnn_refuses_is_a_500_naming_its_condition_and_the_worker_goes_on() {
     assert_eq!(status, 200, "the next request: {answer}");
 }
 
-/// `clef-tt plan --on-device` on the mock P150x2 (the real allocator), its rows as
-/// (class, plan GiB, allocator GiB), and its output.
-fn plan_on_device(
-    shim: &str,
-    profile: &str,
-    env: &[(&str, &str)],
-) -> (bool, Vec<(String, f64, f64)>, String) {
+/// `clef-tt ARGS` with `env` on the mock P150x2: whether it succeeded, and its stdout and
+/// stderr.
+fn on_mock_p150x2(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (bool, String) {
     let out = clef_tt()
-        .args([
-            "plan",
-            "--shape",
-            "clef-27b",
-            "--mesh",
-            "1x2",
-            "--precision",
-            profile,
-        ])
-        .args(["--on-device", "--tt-shim", shim])
+        .args(args)
         .envs(env.iter().copied())
         .env(
             "TT_METAL_MOCK_CLUSTER_DESC_PATH",
@@ -390,6 +377,30 @@ fn plan_on_device(
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// `clef-tt plan --on-device` on the mock P150x2 (the real allocator), its rows as
+/// (class, plan GiB, allocator GiB), and its output.
+fn plan_on_device(
+    shim: &str,
+    profile: &str,
+    env: &[(&str, &str)],
+) -> (bool, Vec<(String, f64, f64)>, String) {
+    let args = [
+        "plan",
+        "--shape",
+        "clef-27b",
+        "--mesh",
+        "1x2",
+        "--precision",
+        profile,
+        "--on-device",
+        "--tt-shim",
+        shim,
+    ];
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let (ok, text) = on_mock_p150x2(&args, env);
     let rows = text
         .split("## On the device")
         .nth(1)
@@ -404,7 +415,7 @@ fn plan_on_device(
             }
         })
         .collect();
-    (out.status.success(), rows, text)
+    (ok, rows, text)
 }
 
 #[test]
@@ -467,22 +478,20 @@ fn the_f32_profile_is_refused_at_start_on_the_mock_p150x2_saying_why_and_runs_wi
         r#"{"state":"a short state","questions":{"ok":{"type":"noul","instructions":"Is it?"}}}"#,
     )
     .unwrap();
-    let decide = |env: &[(&str, &str)]| {
-        let out = clef_tt()
-            .args(["decide", "--device", "tt", "--tt-shim", shim])
-            .args(["--precision", "f32", "--mesh", "1x2"])
-            .arg(&body)
-            .envs(env.iter().copied())
-            .env(
-                "TT_METAL_MOCK_CLUSTER_DESC_PATH",
-                descriptor("blackhole_2xP150.yaml"),
-            )
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), text)
-    };
+    let args = [
+        "decide",
+        "--device",
+        "tt",
+        "--tt-shim",
+        shim,
+        "--precision",
+        "f32",
+        "--mesh",
+        "1x2",
+    ];
+    let mut args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    args.push(body.as_os_str());
+    let decide = |env: &[(&str, &str)]| on_mock_p150x2(&args, env);
     let (ok, text) = decide(&[]);
     assert!(!ok, "{text}");
     assert!(
