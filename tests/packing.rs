@@ -4,7 +4,7 @@
 //! repeated and new long states give the same answers and the same cache use as the same
 //! requests one at a time; a request longer than the budget runs alone; a request whose
 //! client left is answered 499 and the others are not disturbed; a failed pass fails only the
-//! requests in it.
+//! requests in it; a request that panics in its answer leaves the others of its pack answered.
 
 mod common;
 
@@ -12,7 +12,7 @@ use clef_device::cpu::CpuMesh;
 use clef_device::MeshShape;
 use clef_tt::encode::LengthRule;
 use clef_tt::engine::prefix_cache::{CacheUse, PrefixCacheConfig, PrefixCacheStats};
-use clef_tt::engine::{Decision, Pipeline, INJECTED_DEVICE_FAULT};
+use clef_tt::engine::{Decision, Pipeline, INJECTED_DEVICE_FAULT, INJECTED_FAULT};
 use clef_tt::request::{parse_body, validate, RequestError, SystemOneRequest};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -362,5 +362,46 @@ fn a_failed_pass_fails_only_its_own_requests() {
             bits(got.as_ref().unwrap()),
             bits(alone[i].as_ref().unwrap())
         );
+    }
+}
+
+/// A request that panics while it is answered (an injected fault in its answer) leaves its
+/// pack's other requests answered as alone before the panic reaches the worker, which then
+/// fails that request alone.
+#[test]
+fn a_panicking_member_leaves_the_rest_of_its_pack_answered() {
+    let requests: Vec<(String, SystemOneRequest, LengthRule)> = (0..4)
+        .map(|s| {
+            let mut r = request(50 + 10 * s, s, 0);
+            if s == 2 {
+                r.state = serde_json::Value::String(format!("PANIC {}", state(60, 2)));
+            }
+            (format!("{s}"), r, SERVER)
+        })
+        .collect();
+    let plain = common::profile_pipeline("f32", MeshShape::ONE);
+    let faulty = common::profile_pipeline("f32", MeshShape::ONE).with_fault_switch(Arc::new(
+        |req: &SystemOneRequest| req.state.as_str().is_some_and(|s| s.starts_with("PANIC")),
+    ));
+    let jobs: Vec<(&SystemOneRequest, LengthRule)> =
+        requests.iter().map(|(_, r, rule)| (r, *rule)).collect();
+    let mut answers: Vec<Option<Result<Decision, RequestError>>> = vec![None; 4];
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        faulty.decide_pack(&jobs, 4096, &|_| false, &mut |i, r| answers[i] = Some(r));
+    }));
+    let panic = outcome.expect_err("the faulty member's panic reaches the caller");
+    let msg = panic.downcast_ref::<&str>().copied().unwrap_or_default();
+    assert!(msg.contains(INJECTED_FAULT), "{msg}");
+    for (i, a) in answers.into_iter().enumerate() {
+        if i == 2 {
+            assert!(a.is_none(), "the panicking member was answered");
+            continue;
+        }
+        let want = plain.decide(jobs[i].0, jobs[i].1).unwrap();
+        let got = a
+            .unwrap_or_else(|| panic!("member {i} unanswered"))
+            .unwrap();
+        assert_eq!(bits(&got), bits(&want), "{i}");
+        assert_eq!(got.pass_requests, 4);
     }
 }

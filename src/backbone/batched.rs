@@ -1,4 +1,4 @@
-//! Batched passes: several fresh text requests through the backbone as one batch, for a mesh
+//! Batched passes: several fresh requests (text or media) through the backbone as one batch, for a mesh
 //! whose layer ops run a batch ([`MeshOps::batch_limit`]: the ttnn backend) rather than packed
 //! row segments ([`MeshOps::packs_rows`]: the CPU).
 //!
@@ -10,8 +10,10 @@
 //! concat and a mixer call per request and layer; the batch adds one op per DeltaNet layer
 //! (docs/packing.md has the counts).
 //!
-//! Only whole prompts with text positions (0, 1, ... in all three rope sections) and no state
-//! to continue or keep batch: a batched pass leaves no keys or recurrent state.
+//! Only whole prompts with no state to continue or keep batch: a batched pass leaves no keys
+//! or recurrent state. Text prompts share one block's rope tables (positions 0, 1, ... in all
+//! three sections); a batch with media (M-RoPE positions of its own) passes every block's
+//! tables, and the mesh ropes the heads of all rows before it splits them into blocks.
 
 use super::weights::MixerWeights;
 use super::{Backbone, PrefillError};
@@ -27,6 +29,31 @@ pub enum Batched {
 }
 
 impl<B: MeshOps> Backbone<B> {
+    /// The rope positions of a batched pass: one block's text positions (0, 1, ...) shared by
+    /// every block when every request has them; else every block's own (a request's M-RoPE
+    /// positions, then text positions after them on its pad rows, which no query of the
+    /// request sees).
+    fn batch_positions(requests: &[(&HostTensor, &[[u32; 3]])], each: usize) -> Vec<[u32; 3]> {
+        let text = requests
+            .iter()
+            .all(|(_, p)| p.iter().enumerate().all(|(i, &q)| q == [i as u32; 3]));
+        if text {
+            return Self::text_positions(0, each);
+        }
+        let mut all = Vec::with_capacity(requests.len() * each);
+        for (_, p) in requests {
+            all.extend_from_slice(p);
+            let next = p
+                .iter()
+                .flatten()
+                .copied()
+                .max()
+                .map_or(0, |m| m as usize + 1);
+            all.extend(Self::text_positions(next, each - p.len()));
+        }
+        all
+    }
+
     /// Requests a batched pass may hold on this mesh (0 or 1: the mesh runs none).
     pub fn batch_limit(&self) -> usize {
         self.mesh.batch_limit(&self.delta_spec())
@@ -37,8 +64,9 @@ impl<B: MeshOps> Backbone<B> {
         RowBatch::of(lengths, self.delta_spec().conv_kernel).rows()
     }
 
-    /// One batched pass over fresh whole prompts, each given as its embedded rows and text
-    /// positions (from 0), at most [`Backbone::batch_limit`] of them.
+    /// One batched pass over fresh whole prompts, each given as its embedded rows (vision
+    /// rows in place) and its positions from the start, at most [`Backbone::batch_limit`] of
+    /// them.
     pub fn prefill_batched(
         &self,
         requests: &[(&HostTensor, &[[u32; 3]])],
@@ -61,11 +89,6 @@ impl<B: MeshOps> Backbone<B> {
                     positions.len()
                 )));
             }
-            if *positions != Self::text_positions(0, embedded.rows) {
-                return Err(PrefillError::State(
-                    "a batched request with positions other than text positions from 0".into(),
-                ));
-            }
         }
         let batch = RowBatch::of(&lengths, self.delta_spec().conv_kernel);
         let mut padded = vec![0.0f32; batch.rows() * hidden];
@@ -73,7 +96,7 @@ impl<B: MeshOps> Backbone<B> {
             let at = i * batch.each * hidden;
             padded[at..at + embedded.data.len()].copy_from_slice(&embedded.data);
         }
-        let positions = Self::text_positions(0, batch.each);
+        let positions = Self::batch_positions(requests, batch.each);
         let m = &self.mesh;
         let eps = self.config.rms_norm_eps;
         let mut h = m.replicate(&HostTensor::new(batch.rows(), hidden, padded))?;

@@ -12,6 +12,7 @@ use clef_device::MeshOps;
 use clef_tt::api::config::ServeOptions;
 use clef_tt::api::server::{router, AppState};
 use clef_tt::checkpoint::Checkpoint;
+use clef_tt::engine::prefix_cache::PREFIX_ALIGN;
 use clef_tt::engine::serving::{self, LoadProgress, PrefixCacheOptions, WeightSource, WorkerSpec};
 use clef_tt::engine::worker::Engine;
 use serde_json::json;
@@ -211,6 +212,16 @@ where
         o.device_timeout,
         o.packing,
     );
+    if matches!(o.device, Backend::Tt(_))
+        && engine.packing.tokens > 0
+        && workers.prefix_cache.config.slots > 0
+    {
+        tracing::info!(
+            "packing runs whole prompts as a batch on this device: a state of {PREFIX_ALIGN} \
+             tokens or more is cached by the prefix cache and runs alone; for streams of \
+             distinct states, CLEF_PREFIX_CACHE=0 packs them (docs/packing.md)"
+        );
+    }
     let card = o.card(&ckpt, &limits, &workers.prefix_cache, &engine.packing);
     let settings = o.settings(&ckpt, rule, limits, card);
     let state = AppState::new(engine, settings);

@@ -1,7 +1,7 @@
 //! Packed prefill passes: several short requests a worker took together run through the
 //! backbone as one pass, so every weight is read once for all of them, and each request's
 //! answer is exactly what it would have been alone. The pass is one of row segments on a mesh
-//! that packs rows (`Backbone::prefill_segments`: the CPU), or a batch of whole text prompts in
+//! that packs rows (`Backbone::prefill_segments`: the CPU), or a batch of whole prompts in
 //! padded blocks on one that runs batched layer ops (`Backbone::prefill_batched`: ttnn); a mesh
 //! that refuses a batch for the model's shapes runs the pack's requests one by one.
 //!
@@ -17,7 +17,8 @@
 //! and every miss's prefix; the second holds the misses' tails, each from the slot its prefix
 //! just filled. A request whose prefix another request of the pack is computing waits for the
 //! second round and is then a hit, as it would be right after that request alone. The head
-//! runs per request on its own rows. A failed pass fails only the requests in it, each with
+//! runs per request on its own rows, the requests of a pass side by side (on the host, for
+//! every mesh), as does their preparation on a mesh that packs rows. A failed pass fails only the requests in it, each with
 //! the error it would have had alone; a request whose client left is answered between rounds.
 
 use super::prefix_cache::{boundary, CacheKey, CacheUse, PrefixSlot};
@@ -29,7 +30,9 @@ use crate::backbone::{Batched, PrefillError, PrefillState, Segment};
 use crate::encode::LengthRule;
 use crate::request::{RequestError, SystemOneRequest};
 use clef_device::{HostTensor, MeshOps};
+use rayon::prelude::*;
 use std::ops::Range;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -37,8 +40,9 @@ type Slot<B> = Arc<PrefixSlot<PrefillState<<B as MeshOps>::Tensor>, crate::head:
 type State<B> = PrefillState<<B as MeshOps>::Tensor>;
 /// One piece's member, final rows and state (none from a batched pass).
 type PieceRows<B> = (usize, Vec<f32>, Option<State<B>>);
-/// A pass's final rows (all pieces in order) and each piece's state.
-type PiecesRows<B> = (HostTensor, Vec<Option<State<B>>>);
+/// A pass's final rows (all pieces in order), each piece's state, and whether the pieces
+/// shared one pass (not when the mesh refused the batch and ran them one by one).
+type PiecesRows<B> = (HostTensor, Vec<Option<State<B>>>, bool);
 
 /// How this pipeline's mesh packs requests.
 #[derive(Clone, Copy)]
@@ -46,7 +50,8 @@ enum PackForm {
     Off,
     /// Row segments of any length in one pass (`MeshOps::packs_rows`: the CPU).
     Segments,
-    /// A batch of at most this many whole text prompts (`MeshOps::batch_limit`: ttnn).
+    /// A batch of at most this many whole prompts, text or media (`MeshOps::batch_limit`:
+    /// ttnn).
     Batch(usize),
 }
 
@@ -83,6 +88,17 @@ struct Member<B: MeshOps> {
     pass_requests: usize,
 }
 
+/// A member's final rows from its last pass, ready for the head.
+struct Ready<B: MeshOps> {
+    member: usize,
+    hidden: Vec<f32>,
+    /// The prompt position of the first row.
+    first_row: usize,
+    cache: CacheUse,
+    /// The cached prefix the rows continue (its head memory comes first).
+    prefix: Option<Slot<B>>,
+}
+
 /// One request's rows in one pass, continuing the state of a cached prefix (or none).
 struct Piece<B: MeshOps> {
     member: usize,
@@ -107,13 +123,8 @@ impl<B: MeshOps> Pipeline<B> {
         let mut groups: Vec<Vec<(usize, Prepared)>> = Vec::new();
         let mut open: Vec<(usize, Prepared)> = Vec::new();
         let mut open_tokens = 0;
-        for (i, &(req, rule)) in jobs.iter().enumerate() {
-            // Also a progress mark between requests' media (each may run the vision tower).
-            if cancelled(i) {
-                done(i, Err(cancelled_error()));
-                continue;
-            }
-            let prepared = match self.prepare(req, rule) {
+        for (i, prepared) in self.prepare_all(jobs, cancelled) {
+            let prepared = match prepared {
                 Ok(p) => p,
                 Err(e) => {
                     done(i, Err(e));
@@ -124,8 +135,8 @@ impl<B: MeshOps> Pipeline<B> {
             let packable = match form {
                 PackForm::Off => false,
                 PackForm::Segments => true,
-                // A batched pass takes whole text prompts only (it leaves no state to cache).
-                PackForm::Batch(_) => prepared.vision.is_none() && self.cut(&prepared).is_none(),
+                // A batched pass takes whole prompts only (it leaves no state to cache).
+                PackForm::Batch(_) => self.cut(&prepared).is_none(),
             };
             if !packable || t > budget || !self.fits_one_pass(&prepared) {
                 groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
@@ -162,6 +173,35 @@ impl<B: MeshOps> Pipeline<B> {
                 self.run_pack(jobs, group, cancelled, done);
             }
         }
+    }
+
+    /// Every job prepared (validation, media, vision tower, encoding), in order. On a mesh that
+    /// packs rows (the CPU) the jobs are prepared side by side; elsewhere one after another,
+    /// each start a progress mark (a vision tower runs on the device there), and a job whose
+    /// client left is not prepared.
+    fn prepare_all(
+        &self,
+        jobs: &[(&SystemOneRequest, LengthRule)],
+        cancelled: &dyn Fn(usize) -> bool,
+    ) -> Vec<(usize, Result<Prepared, RequestError>)> {
+        if self.backbone.mesh().packs_rows() {
+            let live: Vec<bool> = (0..jobs.len()).map(|i| !cancelled(i)).collect();
+            return jobs
+                .par_iter()
+                .zip(live)
+                .enumerate()
+                .map(|(i, (&(req, rule), live))| match live {
+                    true => (i, self.prepare(req, rule)),
+                    false => (i, Err(cancelled_error())),
+                })
+                .collect();
+        }
+        let each = |(i, &(req, rule)): (usize, &(&SystemOneRequest, LengthRule))| match cancelled(i)
+        {
+            true => (i, Err(cancelled_error())),
+            false => (i, self.prepare(req, rule)),
+        };
+        jobs.iter().enumerate().map(each).collect()
     }
 
     /// Whether this pipeline packs requests at all (its mesh packs row segments or runs
@@ -270,25 +310,26 @@ impl<B: MeshOps> Pipeline<B> {
             })
             .collect();
         let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
+        let mut ready = Vec::new();
         for (k, hidden, state) in outcome {
             let Some(m) = live[k].as_mut() else {
                 continue;
             };
-
-            let t = m.prepared.record.input_ids.len();
-            let rows = match &m.plan {
-                Plan::Whole(cache) => ModelRows {
-                    memory: self.head.memory(&hidden, t),
+            match &m.plan {
+                Plan::Whole(cache) => ready.push(Ready {
+                    member: k,
                     hidden,
                     first_row: 0,
                     cache: *cache,
-                },
-                Plan::Hit(slot, p) => ModelRows {
-                    memory: slot.memory.clone().then(self.head.memory(&hidden, t - p)),
+                    prefix: None,
+                }),
+                Plan::Hit(slot, p) => ready.push(Ready {
+                    member: k,
                     hidden,
                     first_row: *p,
                     cache: CacheUse::Hit,
-                },
+                    prefix: Some(slot.clone()),
+                }),
                 Plan::Miss(key, p) => {
                     let Some(state) = state else {
                         // Not reachable: a batched pass (no state) holds whole prompts only.
@@ -307,15 +348,11 @@ impl<B: MeshOps> Pipeline<B> {
                         bytes,
                     };
                     m.slot = Some(self.lock_cache().insert(slot));
-                    continue;
                 }
-                Plan::After(..) => continue,
-            };
-            if let Some(m) = live[k].take() {
-                let (req, _) = jobs[m.job];
-                done(m.job, self.finish(req, m.prepared, rows, m.pass_requests));
+                Plan::After(..) => {}
             }
         }
+        self.answer(jobs, &mut live, ready, done);
 
         // Round 2: the misses' tails and the requests that waited for their prefixes.
         for m in live.iter_mut().flatten() {
@@ -355,26 +392,26 @@ impl<B: MeshOps> Pipeline<B> {
             })
             .collect();
         let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
+        let mut ready = Vec::new();
         for (k, hidden, _) in outcome {
-            let Some(m) = live[k].take() else {
+            let Some(m) = live[k].as_ref() else {
                 continue;
             };
-            let t = m.prepared.record.input_ids.len();
             let (Some(slot), Plan::Miss(_, p) | Plan::After(_, p)) = (&m.slot, &m.plan) else {
                 continue;
             };
-            let rows = ModelRows {
-                memory: slot.memory.clone().then(self.head.memory(&hidden, t - p)),
+            ready.push(Ready {
+                member: k,
                 hidden,
                 first_row: *p,
                 cache: match m.plan {
                     Plan::Miss(..) => CacheUse::Miss,
                     _ => CacheUse::Hit,
                 },
-            };
-            let (req, _) = jobs[m.job];
-            done(m.job, self.finish(req, m.prepared, rows, m.pass_requests));
+                prefix: Some(slot.clone()),
+            });
         }
+        self.answer(jobs, &mut live, ready, done);
         for m in live.into_iter().flatten() {
             // Not reachable: every member was answered in a round or left as `alone`.
             done(
@@ -391,6 +428,54 @@ impl<B: MeshOps> Pipeline<B> {
                 m.job,
                 rows.and_then(|rows| self.finish(req, m.prepared, rows, 1)),
             );
+        }
+    }
+
+    /// The head and the answer of every member in `ready`, side by side (the head runs on the
+    /// host for every mesh), each then handed to `done` in order. A member whose answer
+    /// panicked (an injected fault) is left unanswered, its panic raised again once the
+    /// others are answered: the worker fails that request alone.
+    fn answer(
+        &self,
+        jobs: &[(&SystemOneRequest, LengthRule)],
+        live: &mut [Option<Member<B>>],
+        ready: Vec<Ready<B>>,
+        done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
+    ) {
+        let taken: Vec<(Member<B>, Ready<B>)> = ready
+            .into_iter()
+            .filter_map(|r| Some((live[r.member].take()?, r)))
+            .collect();
+        let answers: Vec<_> = taken
+            .into_par_iter()
+            .map(|(m, r)| {
+                let t = m.prepared.record.input_ids.len();
+                let job = m.job;
+                let answer = catch_unwind(AssertUnwindSafe(|| {
+                    let tail = self.head.memory(&r.hidden, t - r.first_row);
+                    let rows = ModelRows {
+                        memory: match &r.prefix {
+                            Some(slot) => slot.memory.clone().then(tail),
+                            None => tail,
+                        },
+                        hidden: r.hidden,
+                        first_row: r.first_row,
+                        cache: r.cache,
+                    };
+                    self.finish(jobs[job].0, m.prepared, rows, m.pass_requests)
+                }));
+                (job, answer)
+            })
+            .collect();
+        let mut panicked = None;
+        for (job, answer) in answers {
+            match answer {
+                Ok(a) => done(job, a),
+                Err(p) => panicked = panicked.or(Some(p)),
+            }
+        }
+        if let Some(p) = panicked {
+            resume_unwind(p);
         }
     }
 
@@ -443,7 +528,7 @@ impl<B: MeshOps> Pipeline<B> {
             false => self.prefill_pieces(&inputs, &starts),
         };
         drop(starts);
-        let (hidden, states) = match result {
+        let (hidden, states, shared) = match result {
             Ok(r) => r,
             Err(e) => {
                 let e = fail(e);
@@ -460,7 +545,7 @@ impl<B: MeshOps> Pipeline<B> {
         let mut from = 0;
         for ((k, len), state) in members.into_iter().zip(states) {
             if let Some(m) = live[k].as_mut() {
-                m.pass_requests = m.pass_requests.max(n);
+                m.pass_requests = m.pass_requests.max(if shared { n } else { 1 });
             }
             out.push((k, hidden.data[from * h..(from + len) * h].to_vec(), state));
             from += len;
@@ -495,14 +580,14 @@ impl<B: MeshOps> Pipeline<B> {
             let (hidden, states) = self
                 .backbone
                 .prefill_segments(&embedded, &positions, &segments, None)?;
-            return Ok((hidden, states.into_iter().map(Some).collect()));
+            return Ok((hidden, states.into_iter().map(Some).collect(), true));
         }
         if starts.iter().all(Option::is_none) {
             let batch: Vec<(&HostTensor, &[[u32; 3]])> =
                 inputs.iter().map(|(e, p)| (e, p.as_slice())).collect();
             match self.backbone.prefill_batched(&batch)? {
                 Batched::Rows(hidden) => {
-                    return Ok((hidden, inputs.iter().map(|_| None).collect()))
+                    return Ok((hidden, inputs.iter().map(|_| None).collect(), true))
                 }
                 Batched::Refused => {
                     if !self.batch_refused.swap(true, Ordering::Relaxed) {
@@ -526,6 +611,7 @@ impl<B: MeshOps> Pipeline<B> {
         Ok((
             HostTensor::new(rows.len() / self.hidden, self.hidden, rows),
             states,
+            false,
         ))
     }
 }

@@ -42,8 +42,9 @@ pub enum ServingError {
 pub const PACK_MAX_REQUESTS: usize = 16;
 
 /// The packing budget asked (`--pack-tokens`), else one prefill chunk on `tt` (the rows the
-/// device path is sized for) and none on the CPU, where packing gains little (compute-bound:
-/// ~1.09x on the tiny model, none at the 0.8B shape; docs/packing.md); `wait` is the fill window (`--pack-wait-ms`).
+/// device path is sized for) and none on the CPU, where packing gains ~1.27x on the tiny model
+/// but nothing at the 0.8B shape, whose passes are compute-bound (docs/packing.md); `wait` is
+/// the fill window (`--pack-wait-ms`).
 pub fn packing(asked_tokens: Option<usize>, wait: Duration, backend: &Backend) -> Packing {
     let tokens = asked_tokens.unwrap_or(match backend {
         Backend::Tt(_) => PREFILL_CHUNK,

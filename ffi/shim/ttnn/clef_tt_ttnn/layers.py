@@ -32,7 +32,11 @@ rows at the front of its block, zero rows after, at least 3 of them: each = t / 
 - attention: `nlp_create_qkv_heads` on [B, 1, each, cols] gives heads [B, H, each, d]; the rope
   tables are one request's positions 0..each-1, broadcast over the batch; causal SDPA
   (`transformer.scaled_dot_product_attention`, is_causal) per batch element, so a request's
-  queries see only its own keys and never the pad rows after them;
+  queries see only its own keys and never the pad rows after them. With media the blocks have
+  positions of their own (M-RoPE) and the tables hold all t rows; `rotary_embedding_hf` takes
+  tables of batch 1 only, so the heads are made and roped over the t rows as one sequence
+  ([1, H, t, d]) and q, k and v are permuted into blocks [B, H, each, d] for SDPA, its output
+  back (4 permutes per attention layer, 64 per Clef 27B pass);
 - DeltaNet: the native conv runs over the t rows as one sequence (it takes no batch); the
   normed input is multiplied by a row mask (1 on a request's rows, 0 on pads), so every block's
   last 3 rows are zeros after the projection and the next request's conv starts from a zero
@@ -166,11 +170,15 @@ class LayerOps:
         t = h[0].rows
         batch = self._batch("attention", p, t, ck is None and cv is None)
         count, each = (batch[0], batch[1]) if batch else (1, t)
-        if tables is None or int(tables[0]) != each:
+        # Every block's own positions (media): the heads are made and roped over all t rows,
+        # then split into blocks for SDPA.
+        own = batch is not None and count > 1 and tables is not None and int(tables[0]) == t
+        if tables is None or int(tables[0]) != (t if own else each):
             _refuse(
                 "attention",
                 "rope tables of %s rows for %d" % (None if tables is None else tables[0], t),
             )
+        hb, he = (1, t) if own else (count, each)
         if d % TILE_SIZE or not (rot == 32 or (rot and rot % 64 == 0)) or rot > d:
             _refuse("attention", "head_dim %d, rotary %d" % (d, rot))
         if kvh <= 0 or heads % kvh or qkv[0].cols != (2 * heads + 2 * kvh) * d:
@@ -184,7 +192,7 @@ class LayerOps:
         x = self._input_norm(h, norm, float(p["eps"]), config)
         fused = self.matmul(x, t, qkv, config)
         self.drop(x)
-        blocks = self.reshape(fused, (count, 1, each, qkv[0].cols))
+        blocks = self.reshape(fused, (hb, 1, he, qkv[0].cols))
         # q|gate interleaved per head: 2H heads of d, then the KV heads.
         qg, k, v = call(
             "experimental.nlp_create_qkv_heads",
@@ -196,12 +204,10 @@ class LayerOps:
             memory_config=dram,
         )
         self.drop(fused, blocks)
-        bh = count * heads
-        pairs = self.reshape(qg, (bh, 2, each, d))
-        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (bh, 1, each, d)), (count, heads, each, d))
-        gate = self.reshape(
-            self.slice(pairs, (0, 1, 0, 0), (bh, 2, each, d)), (count, heads, each, d)
-        )
+        bh = hb * heads
+        pairs = self.reshape(qg, (bh, 2, he, d))
+        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (bh, 1, he, d)), (hb, heads, he, d))
+        gate = self.reshape(self.slice(pairs, (0, 1, 0, 0), (bh, 2, he, d)), (hb, heads, he, d))
         self.drop(qg, pairs)
         normed = []
         for x_, w_ in ((q, qn), (k, kn)):
@@ -220,8 +226,12 @@ class LayerOps:
             self.drop(y)
         q, k = normed
         if batch:
+            if own:
+                q, k, v = [self._to_blocks(x, count) for x in (q, k, v)]
             o = self._batched_attention(q, k, v, d, sublayer(ttnn, config))
             self.drop(k, v)
+            if own:
+                o = self._from_blocks(o)
         else:
             keys, values = [
                 self.append_heads(None if c is None else c[0], new, kvh, d)
@@ -242,6 +252,20 @@ class LayerOps:
         self.drop(flat)
         new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
         return [new_h] if batch else [new_h, keys, values]
+
+    def _to_blocks(self, x, count):
+        """Heads of all rows [1, h, t, d] -> a batch of blocks [count, h, t / count, d]."""
+        _, h, t, d = self.shape(x)
+        out = self.permute(self.reshape(x, (h, count, t // count, d)), (1, 0, 2, 3))
+        self.drop(x)
+        return out
+
+    def _from_blocks(self, x):
+        """A batch of blocks [count, h, each, d] -> heads of all rows [1, h, count * each, d]."""
+        count, h, each, d = self.shape(x)
+        out = self.reshape(self.permute(x, (1, 0, 2, 3)), (1, h, count * each, d))
+        self.drop(x)
+        return out
 
     def _batched_attention(self, q, k, v, d, ckc):
         """Causal SDPA over a batch: q [B, H, each, d], k and v [B, kv heads, each, d], each
