@@ -1,6 +1,6 @@
-//! Batched passes: several fresh requests (text or media) through the backbone as one batch, for a mesh
-//! whose layer ops run a batch ([`MeshOps::batch_limit`]: the ttnn backend) rather than packed
-//! row segments ([`MeshOps::packs_rows`]: the CPU).
+//! Batched passes: several fresh requests (text or media) through the backbone as one batch,
+//! for a mesh whose layer ops run a batch ([`MeshOps::batch_limit`]: the ttnn backend) rather
+//! than packed row segments ([`MeshOps::packs_rows`]: the CPU).
 //!
 //! Each request's rows go to the front of its own block of `each` rows (the longest request
 //! plus the conv's history, to a tile), zero rows after them. Every row-wise op runs once over

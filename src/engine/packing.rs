@@ -18,8 +18,9 @@
 //! just filled. A request whose prefix another request of the pack is computing waits for the
 //! second round and is then a hit, as it would be right after that request alone. The head
 //! runs per request on its own rows, the requests of a pass side by side (on the host, for
-//! every mesh), as does their preparation on a mesh that packs rows. A failed pass fails only the requests in it, each with
-//! the error it would have had alone; a request whose client left is answered between rounds.
+//! every mesh), as does their preparation on a mesh that packs rows. A failed pass fails only
+//! the requests in it, each with the error it would have had alone; a request whose client
+//! left is answered between rounds.
 
 use super::prefix_cache::{boundary, CacheKey, CacheUse, PrefixSlot};
 use super::{
