@@ -27,8 +27,8 @@ pub use host::{
 pub use mesh::MeshShape;
 pub use numerics::{Fidelity, Held, Kept, Numerics};
 pub use ops::{
-    AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, DeviceUsage, GatherAxis, Gelu,
-    MeshOps, MlpLayer, RopeSpec, RowBatch, RuntimeCalls,
+    AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, DeviceUsage,
+    GatherAxis, Gelu, MeshOps, MlpLayer, RopeSpec, RowBatch, RuntimeCalls,
 };
 
 /// Result type of the device layer.

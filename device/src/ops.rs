@@ -125,13 +125,19 @@ pub struct DeltaNetLayer<'a, T, W> {
 /// A batched pass ([`MeshOps::attention_layer_batched`], [`MeshOps::delta_net_layer_batched`]):
 /// fresh requests (no cache, no carried state) in blocks of `each` rows, request `i`'s
 /// `lengths[i]` rows at the front of block `i` and at least [`RowBatch::pad_rows`] rows after
-/// them. The mixers run over a batch of blocks, every row-wise op over all rows once. Its
-/// mixers leave no state: a batched request does not continue.
+/// them. The mixers run over a batch of blocks, every row-wise op over all rows once. A block
+/// may keep the state of its request's first `keep[i]` rows (a multiple of 32; 0: none): the
+/// layer's state a pass of those rows alone would leave (a prefix-cache miss's prefix).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowBatch {
     pub lengths: Vec<usize>,
     pub each: usize,
+    pub keep: Vec<usize>,
 }
+
+/// A batched sublayer's new residual stream and each kept prefix's layer state, in block
+/// order: keys and values, or conv carry and recurrent state.
+pub type BatchedLayer<T> = (T, Vec<[T; 2]>);
 
 impl RowBatch {
     /// Rows a block keeps after its request: the conv's history, so that the next block's
@@ -147,7 +153,13 @@ impl RowBatch {
         RowBatch {
             lengths: lengths.to_vec(),
             each: (longest + Self::pad_rows(conv_kernel)).div_ceil(32) * 32,
+            keep: vec![0; lengths.len()],
         }
+    }
+
+    /// The prefixes whose state the pass keeps.
+    pub fn kept(&self) -> impl Iterator<Item = usize> + '_ {
+        self.keep.iter().copied().filter(|&n| n > 0)
     }
 
     /// Rows of the whole pass.
@@ -397,23 +409,25 @@ pub trait MeshOps: Sync {
         0
     }
     /// An attention sublayer of a batched pass in one call (`layer.h` of `batch.rows()` rows,
-    /// `layer.positions` one block's: `0..each`, no cache): the new residual stream; `None`
-    /// when the backend does not run it for these shapes.
+    /// `layer.positions` one block's `0..each` or every block's, no cache): the new residual
+    /// stream and each kept prefix's keys and values; `None` when the backend does not run it
+    /// for these shapes.
     fn attention_layer_batched(
         &self,
         layer: &AttentionLayer<'_, Self::Tensor, Self::Weight>,
         batch: &RowBatch,
-    ) -> Option<Result<Self::Tensor>> {
+    ) -> Option<Result<BatchedLayer<Self::Tensor>>> {
         let _ = (layer, batch);
         None
     }
     /// A DeltaNet sublayer of a batched pass in one call (no carried state): the new residual
-    /// stream; `None` when the backend does not run it for these shapes.
+    /// stream and each kept prefix's conv carry and recurrent state; `None` when the backend
+    /// does not run it for these shapes.
     fn delta_net_layer_batched(
         &self,
         layer: &DeltaNetLayer<'_, Self::Tensor, Self::Weight>,
         batch: &RowBatch,
-    ) -> Option<Result<Self::Tensor>> {
+    ) -> Option<Result<BatchedLayer<Self::Tensor>>> {
         let _ = (layer, batch);
         None
     }

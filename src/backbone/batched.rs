@@ -10,19 +10,23 @@
 //! concat and a mixer call per request and layer; the batch adds one op per DeltaNet layer
 //! (docs/packing.md has the counts).
 //!
-//! Only whole prompts with no state to continue or keep batch: a batched pass leaves no keys
-//! or recurrent state. Text prompts share one block's rope tables (positions 0, 1, ... in all
+//! Only whole prompts batch (no state to continue). A request may keep the state of a prefix
+//! (a prefix-cache miss: `keep`, a multiple of 32 rows): each layer reads that prefix's keys,
+//! values and conv carry out of its block, and the recurrent state at the prefix's end from a
+//! second delta-rule call with both gates 0 after it, so the state is what a pass of the
+//! prefix alone leaves. Text prompts share one block's rope tables (positions 0, 1, ... in all
 //! three sections); a batch with media (M-RoPE positions of its own) passes every block's
 //! tables, and the mesh ropes the heads of all rows before it splits them into blocks.
 
 use super::weights::MixerWeights;
-use super::{Backbone, PrefillError};
+use super::{Backbone, LayerState, PrefillError, PrefillState};
 use clef_device::{GatherAxis, HostTensor, MeshOps, RowBatch};
 
 /// What a batched pass gave.
-pub enum Batched {
-    /// The final rows of every request, in order (without pad rows).
-    Rows(HostTensor),
+pub enum Batched<T> {
+    /// The final rows of every request, in order (without pad rows), and the state of each
+    /// request's kept prefix (`None` where it keeps none).
+    Rows(HostTensor, Vec<Option<PrefillState<T>>>),
     /// The mesh does not run a layer op of this model as a batch (its shapes): nothing of the
     /// pass is kept, and the requests must run one by one.
     Refused,
@@ -66,11 +70,13 @@ impl<B: MeshOps> Backbone<B> {
 
     /// One batched pass over fresh whole prompts, each given as its embedded rows (vision
     /// rows in place) and its positions from the start, at most [`Backbone::batch_limit`] of
-    /// them.
+    /// them; request `i` keeps the state of its first `keep[i]` rows (0: none; else a multiple
+    /// of 32 up to its length).
     pub fn prefill_batched(
         &self,
         requests: &[(&HostTensor, &[[u32; 3]])],
-    ) -> Result<Batched, PrefillError> {
+        keep: &[usize],
+    ) -> Result<Batched<B::Tensor>, PrefillError> {
         let hidden = self.config.hidden_size;
         let lengths: Vec<usize> = requests.iter().map(|(e, _)| e.rows).collect();
         let limit = self.batch_limit();
@@ -90,7 +96,20 @@ impl<B: MeshOps> Backbone<B> {
                 )));
             }
         }
-        let batch = RowBatch::of(&lengths, self.delta_spec().conv_kernel);
+        if keep.len() != requests.len()
+            || keep
+                .iter()
+                .zip(&lengths)
+                .any(|(&k, &n)| k > n || k % 32 != 0)
+        {
+            return Err(PrefillError::State(format!(
+                "a batched pass keeping prefixes of {keep:?} rows of requests of {lengths:?}"
+            )));
+        }
+        let batch = RowBatch {
+            keep: keep.to_vec(),
+            ..RowBatch::of(&lengths, self.delta_spec().conv_kernel)
+        };
         let mut padded = vec![0.0f32; batch.rows() * hidden];
         for (i, (embedded, _)) in requests.iter().enumerate() {
             let at = i * batch.each * hidden;
@@ -101,6 +120,9 @@ impl<B: MeshOps> Backbone<B> {
         let eps = self.config.rms_norm_eps;
         let mut h = m.replicate(&HostTensor::new(batch.rows(), hidden, padded))?;
         let mut untraced = |_: String, _: &dyn Fn() -> Result<HostTensor, _>| {};
+        // Each kept prefix's layer states, in request order.
+        let kept = batch.kept().count();
+        let mut states: Vec<Vec<LayerState<B::Tensor>>> = (0..kept).map(|_| Vec::new()).collect();
         for (i, lw) in self.layers.iter().enumerate() {
             let mixed = match &lw.mixer {
                 MixerWeights::Attention { .. } => self
@@ -113,7 +135,23 @@ impl<B: MeshOps> Backbone<B> {
             let Some(mixed) = mixed else {
                 return Ok(Batched::Refused);
             };
-            h = self.mlp(i, &mixed?, lw, true, &mut untraced)?;
+            let (mixed, pairs) = mixed?;
+            if pairs.len() != kept {
+                return Err(PrefillError::State(format!(
+                    "layer {i} of a batched pass kept {} prefixes of {kept}",
+                    pairs.len()
+                )));
+            }
+            for (state, [a, b]) in states.iter_mut().zip(pairs) {
+                state.push(match &lw.mixer {
+                    MixerWeights::Attention { .. } => LayerState::Attention { keys: a, values: b },
+                    MixerWeights::DeltaNet { .. } => LayerState::DeltaNet {
+                        conv: a,
+                        recurrent: b,
+                    },
+                });
+            }
+            h = self.mlp(i, &mixed, lw, true, &mut untraced)?;
         }
         let y = m.rms_norm(&h, &self.final_norm, hidden, eps, true)?;
         let all = m.gather(&y, GatherAxis::Cols)?;
@@ -122,10 +160,19 @@ impl<B: MeshOps> Backbone<B> {
             let at = i * batch.each * hidden;
             rows.extend_from_slice(&all.data[at..at + n * hidden]);
         }
-        Ok(Batched::Rows(HostTensor::new(
-            rows.len() / hidden,
-            hidden,
-            rows,
-        )))
+        let mut states = states.into_iter();
+        let kept = keep
+            .iter()
+            .map(|&position| {
+                (position > 0).then(|| PrefillState {
+                    position,
+                    layers: states.next().unwrap_or_default(),
+                })
+            })
+            .collect();
+        Ok(Batched::Rows(
+            HostTensor::new(rows.len() / hidden, hidden, rows),
+            kept,
+        ))
     }
 }

@@ -217,9 +217,9 @@ where
         && workers.prefix_cache.config.slots > 0
     {
         tracing::info!(
-            "packing runs whole prompts as a batch on this device: a state of {PREFIX_ALIGN} \
-             tokens or more is cached by the prefix cache and runs alone; for streams of \
-             distinct states, CLEF_PREFIX_CACHE=0 packs them (docs/packing.md)"
+            "packing runs whole prompts as a batch on this device: a new state of \
+             {PREFIX_ALIGN} tokens or more joins the batch and keeps its prefix for the prefix \
+             cache; a hit of a cached state runs alone, from its slot (docs/packing.md)"
         );
     }
     let card = o.card(&ckpt, &limits, &workers.prefix_cache, &engine.packing);

@@ -9,14 +9,20 @@
 //! (validation, media, vision tower, encoding: a failure there answers that request and it
 //! never enters a pass). Requests are then grouped in arrival order into packs of at most
 //! `budget` prompt tokens (in a batched pass, rows of the padded blocks); one longer than the
-//! budget, or with a piece longer than a prefill chunk, runs alone, chunked as always.
+//! budget, or with a piece longer than a prefill chunk, runs alone, chunked as always (in a
+//! batched form, right after the pack open when it arrived, so that it does not split that
+//! pack: a cache hit there runs alone too).
 //!
 //! A request runs as the same pieces it runs alone (`Pipeline::run_model`): the whole prompt,
 //! or with the prefix cache on, the prefix `[0, P)` and the tail `[P, T)`. A pack runs in two
 //! rounds: the first pass holds every whole prompt, every hit's tail (from its cached state)
 //! and every miss's prefix; the second holds the misses' tails, each from the slot its prefix
 //! just filled. A request whose prefix another request of the pack is computing waits for the
-//! second round and is then a hit, as it would be right after that request alone. The head
+//! second round and is then a hit, as it would be right after that request alone. A batched
+//! pass continues no state, so there a pack is one round: a miss runs as its whole prompt,
+//! keeping its prefix's state (`RowBatch::keep`) for the cache, and its head reads the
+//! prefix's rows as the slot's memory and the rest as its tail, as alone; a hit (or a request
+//! whose prefix the pack computes) runs alone after the pack, from the slot. The head
 //! runs per request on its own rows, the requests of a pass side by side (on the host, for
 //! every mesh), as does their preparation on a mesh that packs rows. A failed pass fails only
 //! the requests in it, each with the error it would have had alone; a request whose client
@@ -105,6 +111,19 @@ struct Piece<B: MeshOps> {
     member: usize,
     range: Range<usize>,
     start: Option<Slot<B>>,
+    /// In a batched pass, a whole prompt keeping the state of its first rows.
+    keep: Option<usize>,
+}
+
+/// The prefix-cache key of a request's first `p` tokens.
+fn cache_key(prepared: &Prepared, p: usize) -> CacheKey {
+    CacheKey {
+        media: prepared
+            .vision
+            .as_ref()
+            .map_or_else(Vec::new, |v| v.digest.clone()),
+        ids: prepared.record.input_ids[..p].to_vec(),
+    }
 }
 
 impl<B: MeshOps> Pipeline<B> {
@@ -123,6 +142,9 @@ impl<B: MeshOps> Pipeline<B> {
         // Groups in arrival order: a pack (several jobs) or a job alone.
         let mut groups: Vec<Vec<(usize, Prepared)>> = Vec::new();
         let mut open: Vec<(usize, Prepared)> = Vec::new();
+        // In a batch form, requests that run alone arriving while a pack is open: they run
+        // right after that pack, so the short requests behind them still join it.
+        let mut after_open: Vec<Vec<(usize, Prepared)>> = Vec::new();
         let mut open_tokens = 0;
         for (i, prepared) in self.prepare_all(jobs, cancelled) {
             let prepared = match prepared {
@@ -136,10 +158,20 @@ impl<B: MeshOps> Pipeline<B> {
             let packable = match form {
                 PackForm::Off => false,
                 PackForm::Segments => true,
-                // A batched pass takes whole prompts only (it leaves no state to cache).
-                PackForm::Batch(_) => self.cut(&prepared).is_none(),
+                // A batched pass takes whole prompts: those with no prefix to cache, and misses
+                // (their prefix's state kept); a hit continues its slot alone.
+                PackForm::Batch(_) => {
+                    t <= PREFILL_CHUNK
+                        && self.cut(&prepared).is_none_or(|p| {
+                            p % 32 == 0 && !self.lock_cache().contains(&cache_key(&prepared, p))
+                        })
+                }
             };
             if !packable || t > budget || !self.fits_one_pass(&prepared) {
+                if matches!(form, PackForm::Batch(_)) && !open.is_empty() {
+                    after_open.push(vec![(i, prepared)]);
+                    continue;
+                }
                 groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
                 open_tokens = 0;
                 groups.push(vec![(i, prepared)]);
@@ -157,12 +189,14 @@ impl<B: MeshOps> Pipeline<B> {
             };
             if over || open.len() >= form.max_requests() {
                 groups.extend((!open.is_empty()).then(|| std::mem::take(&mut open)));
+                groups.append(&mut after_open);
                 open_tokens = 0;
             }
             open_tokens += t;
             open.push((i, prepared));
         }
         groups.extend((!open.is_empty()).then_some(open));
+        groups.append(&mut after_open);
         for group in groups {
             if group.len() == 1 {
                 for (i, prepared) in group {
@@ -250,6 +284,7 @@ impl<B: MeshOps> Pipeline<B> {
         done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
     ) {
         let slots_on = self.lock_cache().config().slots > 0;
+        let batched = matches!(self.pack_form(), PackForm::Batch(_));
         let mut members: Vec<Member<B>> = Vec::with_capacity(group.len());
         let mut computing: Vec<CacheKey> = Vec::new();
         for (job, prepared) in group {
@@ -260,14 +295,12 @@ impl<B: MeshOps> Pipeline<B> {
                     CacheUse::Off
                 }),
                 Some(p) => {
-                    let key = CacheKey {
-                        media: prepared
-                            .vision
-                            .as_ref()
-                            .map_or_else(Vec::new, |v| v.digest.clone()),
-                        ids: prepared.record.input_ids[..p].to_vec(),
-                    };
+                    let key = cache_key(&prepared, p);
                     if computing.contains(&key) {
+                        Plan::After(key, p)
+                    } else if batched && self.lock_cache().contains(&key) {
+                        // A hit in a batched pack runs alone after it, where it is looked up
+                        // (and counted) as alone.
                         Plan::After(key, p)
                     } else {
                         match self.lock_cache().lookup(&key) {
@@ -289,8 +322,23 @@ impl<B: MeshOps> Pipeline<B> {
             });
         }
         let mut live: Vec<Option<Member<B>>> = members.into_iter().map(Some).collect();
+        let mut alone = Vec::new();
+        if batched {
+            // Hits continue a state: alone, after the pack (see the module header).
+            for m in live.iter_mut() {
+                if matches!(
+                    m,
+                    Some(Member {
+                        plan: Plan::Hit(..) | Plan::After(..),
+                        ..
+                    })
+                ) {
+                    alone.extend(m.take());
+                }
+            }
+        }
 
-        // Round 1: whole prompts, hits' tails, misses' prefixes.
+        // Round 1: whole prompts, hits' tails, misses' prefixes (in a batch, misses whole).
         let pieces: Vec<Piece<B>> = live
             .iter()
             .enumerate()
@@ -298,21 +346,23 @@ impl<B: MeshOps> Pipeline<B> {
                 let m = m.as_ref()?;
                 let t = m.prepared.record.input_ids.len();
                 match &m.plan {
-                    Plan::Whole(_) => Some((k, 0..t, None)),
-                    Plan::Hit(slot, p) => Some((k, *p..t, Some(slot.clone()))),
-                    Plan::Miss(_, p) => Some((k, 0..*p, None)),
+                    Plan::Whole(_) => Some((k, 0..t, None, None)),
+                    Plan::Hit(slot, p) => Some((k, *p..t, Some(slot.clone()), None)),
+                    Plan::Miss(_, p) if batched => Some((k, 0..t, None, Some(*p))),
+                    Plan::Miss(_, p) => Some((k, 0..*p, None, None)),
                     Plan::After(..) => None,
                 }
             })
-            .map(|(member, range, start)| Piece {
+            .map(|(member, range, start, keep)| Piece {
                 member,
                 range,
                 start,
+                keep,
             })
             .collect();
         let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
         let mut ready = Vec::new();
-        for (k, hidden, state) in outcome {
+        for (k, mut hidden, state) in outcome {
             let Some(m) = live[k].as_mut() else {
                 continue;
             };
@@ -333,13 +383,15 @@ impl<B: MeshOps> Pipeline<B> {
                 }),
                 Plan::Miss(key, p) => {
                     let Some(state) = state else {
-                        // Not reachable: a batched pass (no state) holds whole prompts only.
+                        // Not reachable: every miss's pass keeps its prefix's state.
                         if let Some(m) = live[k].take() {
-                            let e = RequestError::internal("a batched pass left no state to cache");
+                            let e = RequestError::internal("a pass left no state to cache");
                             done(m.job, Err(e));
                         }
                         continue;
                     };
+                    // In a batch the rows are the whole prompt's: the tail's are answered now.
+                    let tail = batched.then(|| hidden.split_off(*p * self.hidden));
                     let memory = self.head.memory(&hidden, *p);
                     let bytes = self.backbone.state_bytes(&state) + memory.bytes();
                     let slot = PrefixSlot {
@@ -348,7 +400,17 @@ impl<B: MeshOps> Pipeline<B> {
                         memory,
                         bytes,
                     };
-                    m.slot = Some(self.lock_cache().insert(slot));
+                    let slot = self.lock_cache().insert(slot);
+                    match tail {
+                        Some(hidden) => ready.push(Ready {
+                            member: k,
+                            hidden,
+                            first_row: *p,
+                            cache: CacheUse::Miss,
+                            prefix: Some(slot),
+                        }),
+                        None => m.slot = Some(slot),
+                    }
                 }
                 Plan::After(..) => {}
             }
@@ -361,7 +423,6 @@ impl<B: MeshOps> Pipeline<B> {
                 m.slot = self.lock_cache().lookup(key);
             }
         }
-        let mut alone = Vec::new();
         for m in live.iter_mut() {
             if matches!(
                 m,
@@ -389,6 +450,7 @@ impl<B: MeshOps> Pipeline<B> {
                     member: k,
                     range: p..t,
                     start: Some(m.slot.clone()?),
+                    keep: None,
                 })
             })
             .collect();
@@ -492,6 +554,7 @@ impl<B: MeshOps> Pipeline<B> {
     ) -> Vec<PieceRows<B>> {
         let mut inputs: Vec<(HostTensor, Vec<[u32; 3]>)> = Vec::new();
         let mut starts: Vec<Option<&PrefillState<B::Tensor>>> = Vec::new();
+        let mut keeps: Vec<Option<usize>> = Vec::new();
         let mut members: Vec<(usize, usize)> = Vec::new();
         let mut dropped: Vec<(usize, RequestError)> = Vec::new();
         for piece in &pieces {
@@ -507,6 +570,7 @@ impl<B: MeshOps> Pipeline<B> {
                 Ok(input) => {
                     inputs.push(input);
                     starts.push(piece.start.as_ref().map(|s| &s.state));
+                    keeps.push(piece.keep);
                     members.push((piece.member, piece.range.len()));
                 }
                 Err(e) => dropped.push((piece.member, fail(e))),
@@ -526,7 +590,7 @@ impl<B: MeshOps> Pipeline<B> {
             .any(|&(k, _)| live[k].as_ref().is_some_and(|m| m.prepared.device_fault));
         let result = match faulty {
             true => Err(injected_device_fault()),
-            false => self.prefill_pieces(&inputs, &starts),
+            false => self.prefill_pieces(&inputs, &starts, &keeps),
         };
         drop(starts);
         let (hidden, states, shared) = match result {
@@ -555,14 +619,26 @@ impl<B: MeshOps> Pipeline<B> {
     }
 
     /// The pieces' final rows (in order) and states: one pass of row segments, or one batched
-    /// pass (no states); where the mesh refuses the batch for this model's shapes, each piece
-    /// alone, and no batch again.
+    /// pass (the states of the prefixes kept); where the mesh refuses the batch for this
+    /// model's shapes, each piece alone, and no batch again.
     fn prefill_pieces(
         &self,
         inputs: &[(HostTensor, Vec<[u32; 3]>)],
         starts: &[Option<&PrefillState<B::Tensor>>],
+        keeps: &[Option<usize>],
     ) -> Result<PiecesRows<B>, PrefillError> {
+        let keeping = keeps.iter().any(Option::is_some);
+        if keeping && starts.iter().any(Option::is_some) {
+            return Err(PrefillError::State(
+                "a pass keeping prefixes of pieces that continue a state".into(),
+            ));
+        }
         if self.backbone.mesh().packs_rows() {
+            if keeping {
+                return Err(PrefillError::State(
+                    "a pass of row segments keeping prefixes".into(),
+                ));
+            }
             let mut rows = Vec::new();
             let mut positions = Vec::new();
             for (e, p) in inputs {
@@ -586,10 +662,9 @@ impl<B: MeshOps> Pipeline<B> {
         if starts.iter().all(Option::is_none) {
             let batch: Vec<(&HostTensor, &[[u32; 3]])> =
                 inputs.iter().map(|(e, p)| (e, p.as_slice())).collect();
-            match self.backbone.prefill_batched(&batch)? {
-                Batched::Rows(hidden) => {
-                    return Ok((hidden, inputs.iter().map(|_| None).collect(), true))
-                }
+            let keep: Vec<usize> = keeps.iter().map(|k| k.unwrap_or(0)).collect();
+            match self.backbone.prefill_batched(&batch, &keep)? {
+                Batched::Rows(hidden, states) => return Ok((hidden, states, true)),
                 Batched::Refused => {
                     if !self.batch_refused.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
@@ -602,12 +677,28 @@ impl<B: MeshOps> Pipeline<B> {
         }
         let mut rows = Vec::new();
         let mut states = Vec::with_capacity(inputs.len());
-        for ((embedded, positions), &start) in inputs.iter().zip(starts) {
-            let (hidden, state) = self
-                .backbone
-                .prefill_embedded(embedded, positions, start, None)?;
+        for (((embedded, positions), &start), &keep) in inputs.iter().zip(starts).zip(keeps) {
+            // A kept prefix runs as alone: the prefix, then the rest from its state.
+            let cut = keep.unwrap_or(0);
+            let (head, rest) = embedded.data.split_at(cut * self.hidden);
+            let mut kept = None;
+            if cut > 0 {
+                let head = HostTensor::new(cut, self.hidden, head.to_vec());
+                let (hidden, state) =
+                    self.backbone
+                        .prefill_embedded(&head, &positions[..cut], None, None)?;
+                rows.extend_from_slice(&hidden.data);
+                kept = Some(state);
+            }
+            let rest = HostTensor::new(embedded.rows - cut, self.hidden, rest.to_vec());
+            let (hidden, state) = self.backbone.prefill_embedded(
+                &rest,
+                &positions[cut..],
+                kept.as_ref().or(start),
+                None,
+            )?;
             rows.extend_from_slice(&hidden.data);
-            states.push(Some(state));
+            states.push(Some(kept.unwrap_or(state)));
         }
         Ok((
             HostTensor::new(rows.len() / self.hidden, self.hidden, rows),

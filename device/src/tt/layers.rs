@@ -12,7 +12,7 @@
 
 use super::ops::matmul_config;
 use super::{dim, TtMesh, TtTensor, TtWeight};
-use crate::{AttentionLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
+use crate::{AttentionLayer, BatchedLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -126,9 +126,20 @@ pub(super) fn three(v: Vec<TtTensor>) -> Option<[TtTensor; 3]> {
     <[TtTensor; 3]>::try_from(v).ok()
 }
 
-pub(super) fn one(v: Vec<TtTensor>) -> Option<TtTensor> {
-    let [x] = <[TtTensor; 1]>::try_from(v).ok()?;
-    Some(x)
+/// A batched layer op's results: the stream, then a pair per kept prefix.
+pub(super) fn stream_and_pairs(v: Vec<TtTensor>) -> Option<BatchedLayer<TtTensor>> {
+    let mut v = v.into_iter();
+    let stream = v.next()?;
+    let rest: Vec<TtTensor> = v.collect();
+    if !rest.len().is_multiple_of(2) {
+        return None;
+    }
+    let mut pairs = Vec::with_capacity(rest.len() / 2);
+    let mut rest = rest.into_iter();
+    while let (Some(a), Some(b)) = (rest.next(), rest.next()) {
+        pairs.push([a, b]);
+    }
+    Some((stream, pairs))
 }
 
 /// The matmul numerics as the backend's `linear` takes them (the same fields as
@@ -158,7 +169,9 @@ pub(super) fn rope_spec(op: &'static str, spec: &RopeSpec) -> Result<sys::clef_t
 /// The batched pass's parameters as the layer ops take them (layers.py).
 fn batch_params(params: &mut Value, batch: Option<&RowBatch>) {
     if let Some(b) = batch {
-        params["batch"] = json!({"requests": b.lengths.len(), "lengths": b.lengths});
+        params["batch"] = json!({
+            "requests": b.lengths.len(), "lengths": b.lengths, "keep": b.keep,
+        });
     }
 }
 
@@ -190,7 +203,9 @@ impl TtMesh {
         let stream = (rows, self.cols_of(l.h)?, sys::CLEF_TT_REPLICATED);
         let kv = (start + rows, kv_cols, self.per_device());
         let results = match batch {
-            Some(_) => vec![stream],
+            Some(b) => std::iter::once(stream)
+                .chain(b.kept().flat_map(|n| [(n, kv_cols, self.per_device()); 2]))
+                .collect(),
             None => vec![stream, kv, kv],
         };
         self.layer_op(
@@ -233,17 +248,17 @@ impl TtMesh {
             self.cols_of(l.h)?,
             sys::CLEF_TT_REPLICATED,
         );
+        let carry = (
+            s.conv_kernel.saturating_sub(1),
+            s.conv_channels(),
+            self.per_device(),
+        );
+        let state = (s.value_heads * s.key_dim, s.value_dim, self.per_device());
         let results = match batch {
-            Some(_) => vec![stream],
-            None => vec![
-                stream,
-                (
-                    s.conv_kernel.saturating_sub(1),
-                    s.conv_channels(),
-                    self.per_device(),
-                ),
-                (s.value_heads * s.key_dim, s.value_dim, self.per_device()),
-            ],
+            Some(b) => std::iter::once(stream)
+                .chain(b.kept().flat_map(|_| [carry, state]))
+                .collect(),
+            None => vec![stream, carry, state],
         };
         self.layer_op("delta_net", &inputs, params, None, &results)
     }

@@ -6,12 +6,12 @@
 //! outlives the call, every parameter struct or slice outlives the call, and the output
 //! pointers are the call helpers' locals.
 
-use super::layers::{one, three, Input};
+use super::layers::{stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{
-    AttentionLayer, AttentionSpec, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu, HostTensor,
-    HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, RowBatch, WeightBytes,
-    WeightFormat, WeightKind,
+    AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu,
+    HostTensor, HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, RowBatch,
+    WeightBytes, WeightFormat, WeightKind,
 };
 use serde_json::{json, Value};
 use std::ptr::null;
@@ -469,9 +469,9 @@ impl MeshOps for TtMesh {
         &self,
         l: &AttentionLayer<'_, TtTensor, TtWeight>,
         batch: &RowBatch,
-    ) -> Option<Result<TtTensor>> {
+    ) -> Option<Result<BatchedLayer<TtTensor>>> {
         self.attention_call(l, Some(batch))
-            .map(|out| out.and_then(one))
+            .map(|out| out.and_then(stream_and_pairs))
             .transpose()
     }
 
@@ -479,9 +479,9 @@ impl MeshOps for TtMesh {
         &self,
         l: &DeltaNetLayer<'_, TtTensor, TtWeight>,
         batch: &RowBatch,
-    ) -> Option<Result<TtTensor>> {
+    ) -> Option<Result<BatchedLayer<TtTensor>>> {
         self.delta_net_call(l, Some(batch))
-            .map(|out| out.and_then(one))
+            .map(|out| out.and_then(stream_and_pairs))
             .transpose()
     }
 

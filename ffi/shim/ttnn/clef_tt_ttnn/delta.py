@@ -345,6 +345,29 @@ class DeltaOps:
         self.drop(n)
         return out
 
+    def chunk_delta_rule(self, q, k, v, g, beta, scale, s):
+        """`transformer.chunk_gated_delta_rule` from state s (None: zeros), its output head-major,
+        with the f32 final state: (output, final state)."""
+        eye, tril, ones, masks = self.delta_constants()
+        return self.tt.call(
+            "transformer.chunk_gated_delta_rule",
+            self.ttnn.transformer.chunk_gated_delta_rule,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=f32(scale),
+            initial_state=s,
+            output_final_state=True,
+            chunk_size=DELTA_CHUNK,
+            output_head_major=True,
+            eye=eye,
+            tril=tril,
+            ones=ones,
+            masks=masks,
+        )
+
     def gated_delta_rule(self, qkv, g, beta, state, spec):
         mx, xo = qkv
         nk, nv = int(spec["key_heads"]), int(spec["value_heads"])
@@ -355,7 +378,7 @@ class DeltaOps:
                 "gated_delta_rule: qkv %dx%d for %d key heads x %d, %d value heads"
                 " x %d" % (mx.rows, mx.cols, nk, dk, nv, dv)
             )
-        ttnn, call, fp32 = self.ttnn, self.tt.call, self.ttnn.float32
+        fp32 = self.ttnn.float32
         dkp, dvp = round_up(dk, TILE_SIZE), round_up(dv, TILE_SIZE)
         flat = dkp == dvp
         tp = round_up(t, TILE_SIZE)
@@ -391,30 +414,12 @@ class DeltaOps:
                 keep(s0)
             s = keep(self.reshape(s0, (1, nv, dk, dv)))
             s = keep(self.pad_end(keep(self.pad_end(s, 2, dkp)), 3, dvp))
-        eye, tril, ones, masks = self.delta_constants()
         outs = []
         for p0 in range(0, tp, DELTA_PIECE):
             p1 = min(tp, p0 + DELTA_PIECE)
             parts = [keep(self.rows3(a, p0, p1)) for a in (q, k, v)]
             gp, bp = [keep(self.rows3(a, p0, p1)) for a in gates]
-            o, s_next = call(
-                "transformer.chunk_gated_delta_rule",
-                ttnn.transformer.chunk_gated_delta_rule,
-                parts[0],
-                parts[1],
-                parts[2],
-                gp,
-                bp,
-                scale=f32(scale),
-                initial_state=s,
-                output_final_state=True,
-                chunk_size=DELTA_CHUNK,
-                output_head_major=True,
-                eye=eye,
-                tril=tril,
-                ones=ones,
-                masks=masks,
-            )
+            o, s_next = self.chunk_delta_rule(*parts, gp, bp, scale, s)
             outs.append(keep(o))
             s = keep(s_next)
         o = keep(self.concat(outs, 1))

@@ -44,9 +44,16 @@ rows at the front of its block, zero rows after, at least 3 of them: each = t / 
   [B, nv, dk, dv] state: each request's own, no chunk crossing a block; the op needs B x nv <=
   cores, so B <= 4 for Clef 27B's 24 value heads per device); pad rows after a request change
   nothing before them.
-It returns the residual stream only (no keys, carry or state: a batched request does not
-continue); the caller reads each request's rows from its block. One extra device op per DeltaNet
-layer (the mask) against the solo pass.
+It returns the residual stream (the caller reads each request's rows from its block) and, for
+each block with a kept prefix (`batch["keep"][i]` rows, a multiple of 32: a prefix-cache miss
+whose state at the prefix's end is stored), that prefix's state:
+- attention: the first keep rows of the block's k and v heads (slices, appended to fresh KV);
+- DeltaNet: the conv carry of the prefix's last rows (the fused input's rows before the prefix
+  end) and the recurrent state at the prefix's end, from a second delta-rule call over the same
+  batch whose g and beta are multiplied by a keep mask (0 after the prefix: decay 1, no update,
+  so the final state is the state at the prefix end; 2 multiplies and one delta-rule call more
+  per DeltaNet layer, only in a pass that keeps a prefix).
+One extra device op per DeltaNet layer (the row mask) against the solo pass otherwise.
 
 A layer op takes only the forms it was written for: bf16 activations and KV, tile-aligned head
 dims and split points, the native conv's shapes, the rope widths `rotary_embedding_hf` takes,
@@ -60,7 +67,7 @@ import json
 
 import numpy as np
 
-from .delta import CARRY_FORM, DELTA_CHUNK, DELTA_PIECE, NATIVE_CONV_TAPS
+from .delta import CARRY_FORM, DELTA_PIECE, NATIVE_CONV_TAPS
 from .meta import TILE_SIZE, f32, round_up
 from .programs import kernel_config, precise, sdpa_chunks, sdpa_program, sublayer
 
@@ -143,7 +150,12 @@ class LayerOps:
             _refuse(op, "blocks of %d rows for requests of %s rows" % (each, lengths))
         if not fresh:
             _refuse(op, "a batched pass continuing a cache or state")
-        return count, each, lengths
+        keep = [int(n) for n in batch.get("keep") or [0] * count]
+        if len(keep) != count or any(
+            n < 0 or n > m or n % TILE_SIZE for n, m in zip(keep, lengths)
+        ):
+            _refuse(op, "prefixes of %s rows kept of requests of %s rows" % (keep, lengths))
+        return count, each, lengths, keep
 
     def _row_mask(self, each, lengths):
         """[1, 1, t, 1] bf16: 1 on the requests' rows, 0 on the pad rows after them (made once
@@ -159,10 +171,23 @@ class LayerOps:
 
         return self.internal_once(("batch_row_mask", each, tuple(lengths)), make)
 
+    def _keep_mask(self, each, width, keep):
+        """[B, each, width] f32: 1 on the rows of each block's kept prefix, 0 after it (and on a
+        block that keeps none), made once per form of batch."""
+
+        def make():
+            mask = np.zeros((len(keep), each, width), np.float32)
+            for i, n in enumerate(keep):
+                mask[i, :n] = 1.0
+            return self.host_rows([mask], self.ttnn.float32, self.ttnn.TILE_LAYOUT)
+
+        return self.internal_once(("batch_keep_mask", each, width, tuple(keep)), make)
+
     # -- attention --------------------------------------------------------------------------------
     def attention_layer(self, tensors, p, tables):
         """tensors: h, input norm, qkv|gate, q_norm, k_norm, o_proj, keys cache, values cache.
-        Returns the new residual stream, keys and values (a batched pass: the stream only)."""
+        Returns the new residual stream, keys and values (a batched pass: the stream, then keys and
+        values per kept prefix)."""
         h, norm, qkv, qn, kn, o_proj, ck, cv = tensors
         heads, kvh, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
         self._bf16_only("attention")
@@ -228,6 +253,7 @@ class LayerOps:
         if batch:
             if own:
                 q, k, v = [self._to_blocks(x, count) for x in (q, k, v)]
+            kept = self._kept_kv(k, v, batch[3], kvh, d)
             o = self._batched_attention(q, k, v, d, sublayer(ttnn, config))
             self.drop(k, v)
             if own:
@@ -251,7 +277,18 @@ class LayerOps:
         out = self.matmul(flat, t, o_proj, config)
         self.drop(flat)
         new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
-        return [new_h] if batch else [new_h, keys, values]
+        return [new_h, *kept] if batch else [new_h, keys, values]
+
+    def _kept_kv(self, k, v, keep, kvh, d):
+        """The keys and values of each block's kept prefix (its first `keep[i]` rows, heads of
+        [B, kvh, each, d]) as KV handles, a block's keys then its values: what the block's
+        prefix alone appends to an empty cache."""
+        kept = []
+        for i, n in enumerate(keep):
+            for x in (k, v) if n else ():
+                rows = self.slice(x, (i, 0, 0, 0), (i + 1, kvh, n, d))
+                kept.append(self.append_heads(None, rows, kvh, d))
+        return kept
 
     def _to_blocks(self, x, count):
         """Heads of all rows [1, h, t, d] -> a batch of blocks [count, h, t / count, d]."""
@@ -302,7 +339,7 @@ class LayerOps:
     def delta_layer(self, tensors, p, tables):
         """tensors: h, input norm, in_proj, conv, A_log, dt_bias, gated norm, out_proj, conv
         carry, recurrent state. Returns the new residual stream, conv carry and state (a
-        batched pass: the stream only)."""
+        batched pass: the stream, then conv carry and state per kept prefix)."""
         h, norm, in_proj, conv, a_log, dt_bias, gnorm, out_proj, carry, state = tensors
         nk, nv = int(p["key_heads"]), int(p["value_heads"])
         dk, dv = int(p["key_dim"]), int(p["value_dim"])
@@ -345,6 +382,11 @@ class LayerOps:
         if batch:
             q, k, v = self.conv_parts(fused, t, conv, None, (kd, kd, vd))
             new_carry = None
+            # A kept prefix's conv history: the 3 rows before its end, as a pass of that
+            # prefix alone would carry them.
+            kept_carries = [
+                self.conv_carry(fused, i * each + n, ch) for i, n in enumerate(batch[3]) if n
+            ]
         elif CARRY_FORM == "slices":
             q, k, v = self.conv_parts(fused, t, conv, carry, (kd, kd, vd))
             new_carry = self.conv_carry(fused, t, ch)
@@ -410,25 +452,8 @@ class LayerOps:
                     [np.zeros((count, nv, dk, dv), np.float32)], fp32, ttnn.TILE_LAYOUT
                 ),
             )
-        eye, tril, ones, masks = self.delta_constants()
-        o, s_next = call(
-            "transformer.chunk_gated_delta_rule",
-            ttnn.transformer.chunk_gated_delta_rule,
-            q,
-            k,
-            v,
-            gates[0],
-            gates[1],
-            scale=f32(dk**-0.5),
-            initial_state=s,
-            output_final_state=True,
-            chunk_size=DELTA_CHUNK,
-            output_head_major=True,
-            eye=eye,
-            tril=tril,
-            ones=ones,
-            masks=masks,
-        )
+        o, s_next = self.chunk_delta_rule(q, k, v, gates[0], gates[1], dk**-0.5, s)
+        kept_states = self._kept_states(q, k, v, gates, s, batch[3], dk) if batch else []
         self.drop(q, k, v, g, beta, *gates)
         if state is not None and s is not state[1].t:
             self.drop(s)
@@ -459,13 +484,35 @@ class LayerOps:
         self.drop(gated)
         new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
         if batch:
-            return [new_h]
+            pairs = zip(kept_carries, kept_states)
+            return [new_h] + [self.wrap(x) for pair in pairs for x in pair]
         s_out = self.reshape(s_next, (1, 1, nv * dk, dv))
         return [
             new_h,
             self.wrap(new_carry),
             self.wrap(s_out),
         ]
+
+    def _kept_states(self, q, k, v, gates, s, keep, dk):
+        """Each kept prefix's recurrent state at its end, [1, 1, nv * dk, dv] f32: a second
+        delta-rule call over the batch with both gates 0 after every prefix (decay exp(0) = 1,
+        beta 0: no update), so each block's final state is the state at its prefix's end. The
+        outputs of this call are not used."""
+        if not any(keep):
+            return []
+        count, each, nv = self.shape(gates[0])
+        mask = self._keep_mask(each, nv, keep)
+        g, beta = [self.binary("multiply", self.ttnn.multiply, a, mask) for a in gates]
+        o, s_kept = self.chunk_delta_rule(q, k, v, g, beta, dk**-0.5, s)
+        self.drop(o, g, beta)
+        _, _, _, dv = self.shape(s_kept)
+        states = [
+            self.reshape(self.slice(s_kept, (i, 0, 0, 0), (i + 1, nv, dk, dv)), (1, 1, nv * dk, dv))
+            for i, n in enumerate(keep)
+            if n
+        ]
+        self.drop(s_kept)
+        return states
 
     # -- MLP --------------------------------------------------------------------------------------
     def mlp_layer(self, tensors, p, tables):

@@ -16,7 +16,8 @@ top: `clef-tt bench prefill --device tt --shape clef-27b` measures the whole pat
 `--pack RATIO L1 L2 ...` counts one batched pass (layers.py, `batch`) of requests of these
 lengths against each alone, as text requests (one block's rope tables for all) and as media
 requests (every block's own), and exits 1 when either's device ops per request exceed RATIO x
-solo's (CI runs 4 requests of ~300 tokens at 0.35).
+solo's (CI runs 4 requests of ~300 tokens at 0.35); then, reported only, the same pass as
+prefix-cache misses keeping their prefixes' state against each miss alone (prefix, then rest).
 
 `Bench` is also the layer definition of ops_at_scale_mock.py: every ABI op of a layer goes through
 `Bench.op(label, fn, *args)` (a plain call here; that script captures each one with ttnn's graph
@@ -296,7 +297,8 @@ class Bench:
     # The layer ops (clef_tt_ttnn/layers.py): what the backbone calls on a ttnn mesh, one ABI
     # call per sublayer; the methods above are the fine-op composition they replace.
     def attention_layer(self, w, h, t, cache, positions, batch=None):
-        """batch: a batched pass's {"requests", "lengths"} (layers.py): the stream only."""
+        """batch: a batched pass's {"requests", "lengths"[, "keep"]} (layers.py): the stream only,
+        or with prefixes kept, the stream and each kept prefix's results."""
         p = dict(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, eps=EPS, reduce=1, config=CFG)
         kv = (None, None) if cache is None else cache
         if batch:
@@ -310,7 +312,17 @@ class Bench:
             positions,
         )
         if batch:
-            return self.res(results[0], t, HIDDEN, REPLICATED)
+            out = self.res(results[0], t, HIDDEN, REPLICATED)
+            if not batch.get("keep"):
+                return out
+            kv_cols, kept = KV_HEADS * HEAD_DIM, [n for n in batch["keep"] if n]
+            return out, [
+                (
+                    self.res(results[1 + 2 * i], n, kv_cols, SHARDED),
+                    self.res(results[2 + 2 * i], n, kv_cols, SHARDED),
+                )
+                for i, n in enumerate(kept)
+            ]
         out, keys, vals = results
         start = 0 if cache is None else cache[0][0].rows
         kv_cols = KV_HEADS * HEAD_DIM
@@ -320,7 +332,8 @@ class Bench:
         )
 
     def delta_layer(self, w, h, t, state, batch=None):
-        """batch: a batched pass's {"requests", "lengths"} (layers.py): the stream only."""
+        """batch: a batched pass's {"requests", "lengths"[, "keep"]} (layers.py): the stream only,
+        or with prefixes kept, the stream and each kept prefix's results."""
         p = dict(
             key_heads=NK,
             value_heads=NV,
@@ -343,9 +356,19 @@ class Bench:
             None,
         )
         if batch:
-            return self.res(results[0], t, HIDDEN, REPLICATED)
+            out = self.res(results[0], t, HIDDEN, REPLICATED)
+            if not batch.get("keep"):
+                return out
+            return out, [
+                self.carried(*results[1 + 2 * i : 3 + 2 * i])
+                for i in range(sum(map(bool, batch["keep"])))
+            ]
         out, carry, s = results
-        return self.res(out, t, HIDDEN, REPLICATED), (
+        return self.res(out, t, HIDDEN, REPLICATED), self.carried(carry, s)
+
+    def carried(self, carry, s):
+        """A DeltaNet layer op's conv carry and state, as results."""
+        return (
             self.res(carry, KERNEL - 1, 2 * NK * DK + NV * DV, SHARDED),
             self.res(s, NV * DK, DV, SHARDED),
         )
@@ -435,8 +458,23 @@ class Bench:
                 out = self.attention_layer(w, h, t, None, positions, batch)
             else:
                 out = self.delta_layer(w, h, t, None, batch)
-            h = self.mlp_layer(w, out if batch else out[0], t)
+            stream = out if batch and not batch.get("keep") else out[0]
+            h = self.mlp_layer(w, stream, t)
         return h
+
+    def miss_alone(self, w, n, p):
+        """A prefix-cache miss alone (src/engine/mod.rs `run_model`): its prefix of p rows, then
+        the other n - p rows from the prefix's keys, values, conv carry and state, 64 layers."""
+        head, tail = self.act(p, HIDDEN), self.act(n - p, HIDDEN)
+        for i in range(64):
+            if i % 4 == 3:
+                _, kv = self.attention_layer(w, head, p, None, self.positions(0, p))
+                out = self.attention_layer(w, tail, n - p, kv, self.positions(p, n - p))
+            else:
+                _, state = self.delta_layer(w, head, p, None)
+                out = self.delta_layer(w, tail, n - p, state)
+            self.mlp_layer(w, head, p)
+            tail = self.mlp_layer(w, out[0], n - p)
 
     def packed(self, lengths):
         """Device ops per request of a batched pass of requests of `lengths` tokens (blocks of
@@ -466,6 +504,23 @@ class Bench:
                 "batched pass (%s) of %d requests of %s tokens (blocks of %d rows): %d device "
                 "ops, %.1f per request; alone %.1f per request: %.3fx"
                 % (form, len(lengths), lengths, each, ops, ops / len(lengths), solo, ratios[-1])
+            )
+        # Prefix-cache misses (text): each keeps the state of its prefix (the largest multiple
+        # of 128 rows below its length), against each miss alone (prefix, then the rest). Not
+        # held to RATIO: reported.
+        keep = [n // 128 * 128 if n > 128 else 0 for n in lengths]
+        if any(keep):
+            kept = dict(batch, keep=keep)
+            ops = self.device_ops(lambda: self.chunk(w, h, t, self.positions(0, each), kept))
+            misses = [
+                self.device_ops(lambda: self.miss_alone(w, n, k)) if k else a
+                for n, k, a in zip(lengths, keep, alone)
+            ]
+            miss = sum(misses) / len(misses)
+            print(
+                "batched pass of %d prefix-cache misses keeping %s rows: %d device ops, %.1f per "
+                "request; a miss alone (prefix, then the rest) %.1f: %.3fx"
+                % (len(lengths), keep, ops, ops / len(lengths), miss, ops / len(lengths) / miss)
             )
         self.m.close()
         return max(ratios)

@@ -246,10 +246,36 @@ def batched(b, w, values):
             diff = np.abs(ref - got[i * each : i * each + n]).max()
             err = diff / max(1e-6, np.abs(ref).max())
             check("batched %s, request %d of %d rows" % (kind, i, n), float(err), 4e-3)
+    # Kept prefixes (a prefix-cache miss in a batched pass): each kept block's keys, values,
+    # conv carry and recurrent state at its prefix's end, against a pass of that prefix alone.
+    keep = [32, 32, 0]
+    kept_batch = dict(batch, keep=keep)
+    kept = {
+        "attention": b.attention_layer(w, hb, t, None, b.positions(0, each), kept_batch)[1],
+        "deltanet": b.delta_layer(w, hb, t, None, kept_batch)[1],
+    }
+    parts = {"attention": ("keys", "values"), "deltanet": ("conv carry", "state")}
+    for kind, pairs in kept.items():
+        blocks_kept = [i for i, n in enumerate(keep) if n]
+        for i, pair in zip(blocks_kept, pairs, strict=True):
+            prefix = upload(alone[i][: keep[i]])
+            if kind == "attention":
+                ref = b.attention_layer(w, prefix, keep[i], None, b.positions(0, keep[i]))[1]
+            else:
+                ref = b.delta_layer(w, prefix, keep[i], None)[1]
+            for name, r, g in zip(parts[kind], ref, pair):
+                scale = np.abs(values(r)).max()
+                # A reference of zeros would pass any copy of zeros: the state must be real.
+                err = np.abs(values(r) - values(g)).max() / scale if scale > 0 else np.inf
+                check(
+                    "batched %s, block %d kept %d: %s" % (kind, i, keep[i], name), float(err), 4e-3
+                )
     # Forms a batched pass does not take, refused before any ttnn call.
     for name, bad in (
         ("blocks of 40 rows", {"requests": 3, "lengths": [30, 30, 30]}),
         ("no pad rows", {"requests": 3, "lengths": [64, 10, 10]}),
+        ("a prefix off tiles", {"requests": 3, "lengths": [40, 61, 25], "keep": [20, 0, 0]}),
+        ("a prefix past its request", {"requests": 3, "lengths": [40, 61, 25], "keep": [0, 0, 32]}),
     ):
         rows = 120 if name.startswith("blocks") else t
         h = upload(np.zeros((rows, B.HIDDEN), np.float32))

@@ -19,6 +19,11 @@ never takes:
               the last 72 of the 96 channels (24 of them padding) instead of the first 72.
               (Splitting the heads as 2 x 36, or scaling by 96^-0.5, stays in the band: the tiny
               tower's attention is near uniform, so neither reaches the answers.)
+- keep_unmasked: a batched pass keeping a prefix's recurrent state (a prefix-cache miss) masks
+              the gates of the whole block, not only after the prefix: the state kept is the
+              block's final one. Only a hit of that state sees it; the tiny model's answers move
+              ~1e-3, inside the bf16 band, so tests/tt_golden.rs holds these to a tolerance of
+              their own (`KEPT_TOLERANCE`).
 """
 
 import types
@@ -80,12 +85,22 @@ def _vision_pad(mesh):
     mesh._heads_out = types.MethodType(heads_out, mesh)
 
 
+def _keep_unmasked(mesh):
+    plain = mesh._keep_mask
+
+    def keep_mask(self, each, width, keep):
+        return plain(each, width, [each if n else 0 for n in keep])
+
+    mesh._keep_mask = types.MethodType(keep_mask, mesh)
+
+
 MUTATIONS = {
     "gate_sign": _gate_sign,
     "raw_gamma": _raw_gamma,
     "rope_swap": _rope_swap,
     "qk_swap": _qk_swap,
     "vision_pad": _vision_pad,
+    "keep_unmasked": _keep_unmasked,
 }
 
 
