@@ -1,4 +1,4 @@
-//! Packed prefill passes (`engine/packing.rs`) on the CPU mesh: every text and media golden,
+//! Packed prefill passes (`engine/packing/`) on the CPU mesh: every text and media golden,
 //! shuffled into random packs, is answered bitwise as it is alone (logits, probabilities,
 //! response, errors) under the `f32` and `bf16` profiles; with the prefix cache on, packs of
 //! repeated and new long states give the same answers and the same cache use as the same

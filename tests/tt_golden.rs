@@ -22,8 +22,10 @@
 //! batch of padded blocks; media blocks at M-RoPE positions of their own) and must stay in the
 //! same band; `tiny-clef`'s, whose shapes the layer ops do not take, must be refused as a batch
 //! and answered one by one, in the band. With the prefix cache on (`cached_packs`), packs of
-//! long new states run as batched passes that keep each miss's prefix state, and later hits of
-//! those states answer within 2e-4 of the same requests alone.
+//! long new states run as batched passes that keep each miss's prefix state, and hits of one
+//! kept state run as a batched pass continuing it, all within 2e-4 of the same requests
+//! alone; on `tiny-clef`, refused as a batch, the same packs run member by member (a miss as
+//! its prefix, then the rest) with the same cache use and answers.
 //!
 //! Each check runs in a child process of this test binary (the embedded CPython reads its
 //! environment once per process): `child_scores_the_goldens` does the work when
@@ -42,17 +44,17 @@
 //! ```
 
 mod common;
+// `cached+` / `cached+-` of the child: prefix-cache hits and misses in packs.
+#[path = "tt_golden/cached_packs.rs"]
+mod cached_packs;
 
 use clef_device::tt::{MeshPlacement, Shim, TtMesh};
 use clef_device::MeshShape;
 use clef_tt::encode::LengthRule;
-use clef_tt::engine::prefix_cache::{CacheUse, PrefixCacheConfig, PrefixCacheStats};
-use clef_tt::engine::Pipeline;
-use clef_tt::request::SystemOneRequest;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The band of the bf16 profile (tests/goldens.rs `check_bf16_goldens`, tests/media.rs).
 const BAND: f64 = 5e-2;
@@ -199,7 +201,8 @@ fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
     // The `selected` profile's media goldens are scored and reported, not held to the band: its
     // bfp8_b vision tower leaves it on the CPU mesh too (img_wide_1024x96_text: 0.061), and
     // tests/media.rs holds only the bf16 profile's media goldens to it.
-    let spec = "bf16:goldens,goldens-media,goldens+-;selected:goldens,goldens-media~;\
+    // `cached+-` before `goldens+-`: the first refused batch turns packing off for good.
+    let spec = "bf16:goldens,goldens-media,cached+-,goldens+-;selected:goldens,goldens-media~;\
                 tiny-clef-g27/bf16:goldens,goldens-media,goldens+,goldens-media+,cached+;\
                 tiny-clef-g27/selected:goldens";
     let first_log = scratch("plain").join("first-attempt-output.txt");
@@ -443,154 +446,14 @@ fn score<B: clef_device::MeshOps>(
     (answered, worst, failures, shared)
 }
 
-/// A request of a state of `words` words (different per `seed`) and one of two question sets.
-fn long_state_request(words: usize, seed: usize, set: usize) -> SystemOneRequest {
-    let questions = match set {
-        0 => serde_json::json!({
-            "team": {"type": "choice", "instructions": "Which team owns this?",
-                     "criteria": {"billing": "Billing", "infra": "Servers", "auth": "Logins"}},
-            "urgent": {"type": "noul", "instructions": "Is it urgent?"}
-        }),
-        _ => serde_json::json!({
-            "severity": {"type": "score", "instructions": "How severe is it?",
-                         "criteria": ["low", "medium", "high"]}
-        }),
-    };
-    let state = common::state_words(words, seed);
-    let body = serde_json::json!({"model": "clef", "state": state, "questions": questions});
-    clef_tt::request::validate(&body, None).unwrap()
-}
-
-/// How far a cached pack's answer may be from the same request alone on the same mesh: both run
-/// the same golden functions, the pack's hits from the state a batched pass kept, the solo
-/// passes over the whole prompt (they agree to about 5e-6). The tiny model's answers barely
-/// move with its state: keeping the state at the block's end instead of the prefix's (the keep
-/// mask left out, mutation `keep_unmasked`) moves them 1.1e-3, far inside the bf16 band.
-const KEPT_TOLERANCE: f64 = 2e-4;
-
-/// A request of a cached pack: (words, seed, question set) of [`long_state_request`], its cache
-/// use and whether it shares a batched pass.
-type PlannedRequest = (usize, usize, usize, CacheUse, bool);
-
-/// Prefix-cache misses packed into batched passes (docs/packing.md): with the cache on, a pack
-/// of new long states (misses), a short one (uncacheable) and a repeat of a state the pack
-/// computes runs the misses and the short one as one batched pass keeping each miss's prefix
-/// state, the repeat after it as a hit of that state; a second pack hits the kept states and
-/// batches two new misses. Every answer must be within [`KEPT_TOLERANCE`] of the same request
-/// alone on the same mesh with no cache (a whole-prompt pass), and each request's cache use
-/// and pass what the plan says. Returns the pipeline, now with the cache on, and the failures.
-fn cached_packs<B: clef_device::MeshOps>(
-    pipeline: Pipeline<B>,
-    label: &str,
-) -> (Pipeline<B>, Vec<String>) {
-    const SERVER: LengthRule = LengthRule::Server {
-        max_state: 16384,
-        max_tail: 4096,
-        truncate: false,
-    };
-    use CacheUse::{Hit, Miss, Uncacheable};
-    let packs: [&[PlannedRequest]; 2] = [
-        &[
-            (300, 1, 0, Miss, true),
-            (520, 2, 0, Miss, true),
-            (60, 3, 0, Uncacheable, true),
-            (300, 1, 1, Hit, false),
-        ],
-        &[
-            (300, 1, 0, Hit, false),
-            (150, 5, 0, Miss, true),
-            (520, 2, 1, Hit, false),
-            (200, 6, 1, Miss, true),
-        ],
-    ];
-    let mut bad = Vec::new();
-    let mut solo = Vec::new();
-    for &(words, seed, set, ..) in packs.iter().copied().flatten() {
-        let request = long_state_request(words, seed, set);
-        match pipeline.decide(&request, SERVER) {
-            Ok(d) => solo.push(d),
-            Err(e) => bad.push(format!("{label} {words}/{seed}/{set} alone: {e}")),
-        }
-    }
-    let pipeline = pipeline.with_prefix_cache(
-        PrefixCacheConfig {
-            slots: 16,
-            ..Default::default()
-        },
-        Arc::new(PrefixCacheStats::default()),
-    );
-    if !bad.is_empty() {
-        return (pipeline, bad);
-    }
-    let mut solo = solo.into_iter();
-    let mut worst = 0.0f64;
-    for members in packs {
-        let requests: Vec<SystemOneRequest> = members
-            .iter()
-            .map(|&(w, s, q, ..)| long_state_request(w, s, q))
-            .collect();
-        let jobs: Vec<(&SystemOneRequest, LengthRule)> =
-            requests.iter().map(|r| (r, SERVER)).collect();
-        let mut answers: Vec<Option<Result<clef_tt::engine::Decision, String>>> =
-            vec![None; jobs.len()];
-        pipeline.decide_pack(&jobs, 1 << 20, &|_| false, &mut |i, r| {
-            answers[i] = Some(r.map_err(|e| e.to_string()));
-        });
-        for (&(w, s, q, cache, shared), answer) in members.iter().zip(answers) {
-            let name = format!("{label} {w}/{s}/{q}");
-            let Some(want) = solo.next() else {
-                continue;
-            };
-            let got = match answer {
-                Some(Ok(d)) => d,
-                Some(Err(e)) => {
-                    bad.push(format!("{name}: error: {e}"));
-                    continue;
-                }
-                None => {
-                    bad.push(format!("{name}: never answered"));
-                    continue;
-                }
-            };
-            if got.cache != cache || (got.pass_requests > 1) != shared {
-                bad.push(format!(
-                    "{name}: cache {:?} in a pass of {} requests, planned {cache:?} {}",
-                    got.cache,
-                    got.pass_requests,
-                    if shared { "in a batch" } else { "alone" }
-                ));
-            }
-            let mut here = 0.0f64;
-            for (g, w) in got
-                .probabilities
-                .iter()
-                .flatten()
-                .zip(want.probabilities.iter().flatten())
-            {
-                let diff = (f64::from(*g) - f64::from(*w)).abs();
-                here = here.max(if diff.is_nan() { f64::INFINITY } else { diff });
-            }
-            worst = worst.max(here);
-            if here > KEPT_TOLERANCE || got.probabilities.len() != want.probabilities.len() {
-                bad.push(format!(
-                    "{name}: {:.6?} vs {:.6?} alone, outside the kept-state tolerance",
-                    got.probabilities, want.probabilities
-                ));
-            }
-        }
-    }
-    println!("golden-shadow {label}: worst probability difference from alone {worst:.2e}");
-    (pipeline, bad)
-}
-
 /// The child's body (see the module docs): `CLEF_TT_GOLDEN_CHILD` is
-/// `[FIXTURE/]PROFILE:DIR,DIR;...` (FIXTURE a folder of tests/fixtures, `tiny-clef` if none), a
-/// DIR ending in `~` scored and reported but not held to the band. A DIR ending in `+` is scored
-/// through packs of 4 (`decide_pack`), which must run as batched passes on the mesh; `+-`, the
-/// same packs, which the mesh must refuse to batch for the model's shapes (they then run one by
-/// one). `cached+` is not a folder: it runs [`cached_packs`] (the cache stays on for what follows
-/// it). Fails at the end if any golden held to the band was outside it, or a pack ran other
-/// than required (with a mutation: at the first).
+/// `[FIXTURE/]PROFILE:DIR,DIR;...` (FIXTURE a folder of tests/fixtures, `tiny-clef` if none), a DIR
+/// ending in `~` scored and reported but not held to the band. A DIR ending in `+` is scored
+/// through packs of 4 (`decide_pack`), which must run as batched passes on the mesh; `+-`, the same
+/// packs, which the mesh must refuse to batch for the model's shapes (they then run one by one).
+/// `cached+` (`cached+-`: refused as a batch) is not a folder: it runs [`cached_packs::run`] (the
+/// cache stays on for what follows it). Fails at the end if any golden held to the band was outside
+/// it, or a pack ran other than required (with a mutation: at the first).
 #[test]
 fn child_scores_the_goldens() {
     let Ok(spec) = std::env::var(CHILD) else {
@@ -608,10 +471,10 @@ fn child_scores_the_goldens() {
             TtMesh::open(&shim, MeshPlacement::direct(MeshShape::PAIR), n).unwrap()
         });
         for dir in dirs.split(',') {
-            if dir == "cached+" {
+            if let Some(form) = dir.strip_prefix("cached+") {
                 let label = format!("{fixture_label}{profile} cached packs");
                 let bad;
-                (pipeline, bad) = cached_packs(pipeline, &label);
+                (pipeline, bad) = cached_packs::run(pipeline, &label, form != "-");
                 println!(
                     "golden-shadow {label}: {} outside the band or off plan",
                     bad.len()

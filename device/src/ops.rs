@@ -123,11 +123,13 @@ pub struct DeltaNetLayer<'a, T, W> {
 }
 
 /// A batched pass ([`MeshOps::attention_layer_batched`], [`MeshOps::delta_net_layer_batched`]):
-/// fresh requests (no cache, no carried state) in blocks of `each` rows, request `i`'s
-/// `lengths[i]` rows at the front of block `i` and at least [`RowBatch::pad_rows`] rows after
-/// them. The mixers run over a batch of blocks, every row-wise op over all rows once. A block
-/// may keep the state of its request's first `keep[i]` rows (a multiple of 32; 0: none): the
-/// layer's state a pass of those rows alone would leave (a prefix-cache miss's prefix).
+/// requests in blocks of `each` rows, request `i`'s `lengths[i]` rows at the front of block
+/// `i` and at least [`RowBatch::pad_rows`] rows after them. The mixers run over a batch of
+/// blocks, every row-wise op over all rows once. Fresh requests (the layer given no cache or
+/// carried state) may keep the state of a request's first `keep[i]` rows (a multiple of 32;
+/// 0: none): the layer's state a pass of those rows alone would leave (a prefix-cache miss's
+/// prefix). Given a cache or carried state, every block continues it (hits of one slot) and
+/// keeps nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowBatch {
     pub lengths: Vec<usize>,
@@ -409,9 +411,9 @@ pub trait MeshOps: Sync {
         0
     }
     /// An attention sublayer of a batched pass in one call (`layer.h` of `batch.rows()` rows,
-    /// `layer.positions` one block's `0..each` or every block's, no cache): the new residual
-    /// stream and each kept prefix's keys and values; `None` when the backend does not run it
-    /// for these shapes.
+    /// `layer.positions` one block's or every block's; `layer.cache` continued by every
+    /// block): the new residual stream and each kept prefix's keys and values; `None` when
+    /// the backend does not run it for these shapes.
     fn attention_layer_batched(
         &self,
         layer: &AttentionLayer<'_, Self::Tensor, Self::Weight>,
@@ -420,9 +422,9 @@ pub trait MeshOps: Sync {
         let _ = (layer, batch);
         None
     }
-    /// A DeltaNet sublayer of a batched pass in one call (no carried state): the new residual
-    /// stream and each kept prefix's conv carry and recurrent state; `None` when the backend
-    /// does not run it for these shapes.
+    /// A DeltaNet sublayer of a batched pass in one call (`layer.carried` continued by every
+    /// block): the new residual stream and each kept prefix's conv carry and recurrent state;
+    /// `None` when the backend does not run it for these shapes.
     fn delta_net_layer_batched(
         &self,
         layer: &DeltaNetLayer<'_, Self::Tensor, Self::Weight>,

@@ -1,4 +1,4 @@
-//! Batched passes: several fresh requests (text or media) through the backbone as one batch,
+//! Batched passes: several requests (text or media) through the backbone as one batch,
 //! for a mesh whose layer ops run a batch ([`MeshOps::batch_limit`]: the ttnn backend) rather
 //! than packed row segments ([`MeshOps::packs_rows`]: the CPU).
 //!
@@ -10,13 +10,16 @@
 //! concat and a mixer call per request and layer; the batch adds one op per DeltaNet layer
 //! (docs/packing.md has the counts).
 //!
-//! Only whole prompts batch (no state to continue). A request may keep the state of a prefix
-//! (a prefix-cache miss: `keep`, a multiple of 32 rows): each layer reads that prefix's keys,
-//! values and conv carry out of its block, and the recurrent state at the prefix's end from a
-//! second delta-rule call with both gates 0 after it, so the state is what a pass of the
-//! prefix alone leaves. Text prompts share one block's rope tables (positions 0, 1, ... in all
-//! three sections); a batch with media (M-RoPE positions of its own) passes every block's
-//! tables, and the mesh ropes the heads of all rows before it splits them into blocks.
+//! A batch is of whole prompts, or of tails that all continue one state (hits of one
+//! prefix-cache slot: every block's conv from the slot's carry, its delta rule from the
+//! slot's state, its attention over the slot's keys and its own). A whole prompt may keep the
+//! state of a prefix (a prefix-cache miss: `keep`, a multiple of 32 rows): each layer reads
+//! that prefix's keys, values and conv carry out of its block, and the recurrent state at the
+//! prefix's end from a second delta-rule call with both gates 0 after it, so the state is
+//! what a pass of the prefix alone leaves. Text shares one block's rope tables (positions
+//! from 0, or from the continued state's end, in all three sections); a batch with media
+//! (M-RoPE positions of its own) passes every block's tables, and the mesh ropes the heads of
+//! all rows before it splits them into blocks.
 
 use super::weights::MixerWeights;
 use super::{Backbone, LayerState, PrefillError, PrefillState};
@@ -38,11 +41,18 @@ impl<B: MeshOps> Backbone<B> {
     /// positions, then text positions after them on its pad rows, which no query of the
     /// request sees).
     fn batch_positions(requests: &[(&HostTensor, &[[u32; 3]])], each: usize) -> Vec<[u32; 3]> {
-        let text = requests
-            .iter()
-            .all(|(_, p)| p.iter().enumerate().all(|(i, &q)| q == [i as u32; 3]));
+        // Text from one first position (0, or a continued state's end) for every request.
+        let first = requests
+            .first()
+            .and_then(|(_, p)| p.first())
+            .map_or(0, |q| q[0]);
+        let text = requests.iter().all(|(_, p)| {
+            p.iter()
+                .enumerate()
+                .all(|(i, &q)| q == [first + i as u32; 3])
+        });
         if text {
-            return Self::text_positions(0, each);
+            return Self::text_positions(first as usize, each);
         }
         let mut all = Vec::with_capacity(requests.len() * each);
         for (_, p) in requests {
@@ -68,14 +78,16 @@ impl<B: MeshOps> Backbone<B> {
         RowBatch::of(lengths, self.delta_spec().conv_kernel).rows()
     }
 
-    /// One batched pass over fresh whole prompts, each given as its embedded rows (vision
-    /// rows in place) and its positions from the start, at most [`Backbone::batch_limit`] of
-    /// them; request `i` keeps the state of its first `keep[i]` rows (0: none; else a multiple
-    /// of 32 up to its length).
+    /// One batched pass, at most [`Backbone::batch_limit`] requests, each given as its
+    /// embedded rows (vision rows in place) and their positions: fresh whole prompts (`start`
+    /// `None`), request `i` keeping the state of its first `keep[i]` rows (0: none; else a
+    /// multiple of 32 up to its length); or the tails of prompts that all continue `start`
+    /// (hits of one prefix-cache slot), keeping nothing.
     pub fn prefill_batched(
         &self,
         requests: &[(&HostTensor, &[[u32; 3]])],
         keep: &[usize],
+        start: Option<&PrefillState<B::Tensor>>,
     ) -> Result<Batched<B::Tensor>, PrefillError> {
         let hidden = self.config.hidden_size;
         let lengths: Vec<usize> = requests.iter().map(|(e, _)| e.rows).collect();
@@ -106,6 +118,16 @@ impl<B: MeshOps> Backbone<B> {
                 "a batched pass keeping prefixes of {keep:?} rows of requests of {lengths:?}"
             )));
         }
+        if let Some(s) = start {
+            if keep.iter().any(|&k| k > 0) || s.layers.len() != self.layers.len() {
+                return Err(PrefillError::State(format!(
+                    "a batched pass continuing a state of {} layers (this model: {}) and \
+                     keeping prefixes of {keep:?} rows",
+                    s.layers.len(),
+                    self.layers.len()
+                )));
+            }
+        }
         let batch = RowBatch {
             keep: keep.to_vec(),
             ..RowBatch::of(&lengths, self.delta_spec().conv_kernel)
@@ -124,12 +146,17 @@ impl<B: MeshOps> Backbone<B> {
         let kept = batch.kept().count();
         let mut states: Vec<Vec<LayerState<B::Tensor>>> = (0..kept).map(|_| Vec::new()).collect();
         for (i, lw) in self.layers.iter().enumerate() {
+            let (cache, carried) = match start.map(|s| &s.layers[i]) {
+                None => (None, None),
+                Some(LayerState::Attention { keys, values }) => (Some((keys, values)), None),
+                Some(LayerState::DeltaNet { conv, recurrent }) => (None, Some((conv, recurrent))),
+            };
             let mixed = match &lw.mixer {
                 MixerWeights::Attention { .. } => self
-                    .attention_op(i, &h, lw, None, &positions)
+                    .attention_op(i, &h, lw, cache, &positions)
                     .and_then(|layer| m.attention_layer_batched(&layer, &batch)),
                 MixerWeights::DeltaNet { .. } => self
-                    .delta_net_op(i, &h, lw, None)
+                    .delta_net_op(i, &h, lw, carried)
                     .and_then(|layer| m.delta_net_layer_batched(&layer, &batch)),
             };
             let Some(mixed) = mixed else {

@@ -217,9 +217,10 @@ where
         && workers.prefix_cache.config.slots > 0
     {
         tracing::info!(
-            "packing runs whole prompts as a batch on this device: a new state of \
-             {PREFIX_ALIGN} tokens or more joins the batch and keeps its prefix for the prefix \
-             cache; a hit of a cached state runs alone, from its slot (docs/packing.md)"
+            "packing runs batches on this device: new states (those of {PREFIX_ALIGN} tokens \
+             or more keep their prefix for the prefix cache) as one, then the hits of each \
+             cached state as one; hits of different states do not share a batch \
+             (docs/packing.md)"
         );
     }
     let card = o.card(&ckpt, &limits, &workers.prefix_cache, &engine.packing);

@@ -158,11 +158,6 @@ impl<S, M> PrefixCache<S, M> {
         self.config.slots > 0
     }
 
-    /// Whether a slot for `key` is kept (nothing counted, the order kept).
-    pub fn contains(&self, key: &CacheKey) -> bool {
-        self.slots.iter().any(|s| &s.key == key)
-    }
-
     /// The slot for `key`, made the most recently used; counts a hit or a miss.
     pub fn lookup(&mut self, key: &CacheKey) -> Option<Arc<PrefixSlot<S, M>>> {
         match self.slots.iter().position(|s| &s.key == key) {

@@ -176,7 +176,8 @@ fn batch_params(params: &mut Value, batch: Option<&RowBatch>) {
 }
 
 impl TtMesh {
-    /// The attention layer op: the stream, keys and values; a batched pass, the stream only.
+    /// The attention layer op: the stream, keys and values; a batched pass, the stream and
+    /// each kept prefix's keys and values.
     pub(super) fn attention_call(
         &self,
         l: &AttentionLayer<'_, TtTensor, TtWeight>,
@@ -217,8 +218,8 @@ impl TtMesh {
         )
     }
 
-    /// The DeltaNet layer op: the stream, conv carry and state; a batched pass, the stream
-    /// only.
+    /// The DeltaNet layer op: the stream, conv carry and state; a batched pass, the stream and
+    /// each kept prefix's conv carry and state.
     pub(super) fn delta_net_call(
         &self,
         l: &DeltaNetLayer<'_, TtTensor, TtWeight>,

@@ -66,7 +66,7 @@ class Attention:
         front = start % TILE_SIZE
         aligned = start - front
         length = front + t
-        q_chunk, k_chunk = sdpa_chunks(length, aligned)
+        q_chunk, _ = sdpa_chunks(length, aligned)
         if front:
             zeros = self.zeros((1, heads, front, dp), self.kv_dtype())
             qf = self.concat([zeros, qh], 2)
@@ -75,19 +75,7 @@ class Attention:
             qf = qh
         needed = (aligned + round_up(length, q_chunk) + KV_BLOCK - 1) // KV_BLOCK
         table = self.kv_table(k, v, needed)
-        o = self.tt.call(
-            "transformer.chunked_scaled_dot_product_attention",
-            self.ttnn.transformer.chunked_scaled_dot_product_attention,
-            qf,
-            k.pool.t,
-            v.pool.t,
-            table,
-            chunk_start_idx=aligned,
-            scale=f32(d**-0.5),
-            program_config=sdpa_program(self.ttnn, self.grid, q_chunk, k_chunk),
-            compute_kernel_config=ckc or precise(self.ttnn),
-            memory_config=self.dram,
-        )
+        o = self.chunked_sdpa(qf, k, v, table, aligned, d, ckc or precise(self.ttnn))
         if qf is not qh:
             self.drop(qf)
         if not front:
@@ -95,6 +83,25 @@ class Attention:
         out = self.slice(o, (0, 0, front, 0), (1, heads, length, dp))
         self.drop(o)
         return out
+
+    def chunked_sdpa(self, q, k, v, table, start, d, ckc):
+        """`transformer.chunked_scaled_dot_product_attention`: q [B, heads, L, dp] at positions
+        start.. against the pools of KV handles k and v through `table` (a row per batch
+        element), causal, scale d^-0.5."""
+        q_chunk, k_chunk = sdpa_chunks(self.shape(q)[2], start)
+        return self.tt.call(
+            "transformer.chunked_scaled_dot_product_attention",
+            self.ttnn.transformer.chunked_scaled_dot_product_attention,
+            q,
+            k.pool.t,
+            v.pool.t,
+            table,
+            chunk_start_idx=start,
+            scale=f32(d**-0.5),
+            program_config=sdpa_program(self.ttnn, self.grid, q_chunk, k_chunk),
+            compute_kernel_config=ckc,
+            memory_config=self.dram,
+        )
 
     def windows(self, bounds):
         """int32 ROW_MAJOR [len(bounds)] window boundaries on every device (cached, internal)."""

@@ -164,22 +164,28 @@ class KvCache:
         key = ("page_table", tuple(blocks), columns)
         t = self.internal.get(key)
         if t is None:
-            import numpy as np
-
-            ids = np.zeros((1, columns), np.int32)
-            ids[0, : len(blocks)] = np.asarray(blocks, dtype=np.int32)
-            t = self.tt.call(
-                "Tensor",
-                self.ttnn.Tensor,
-                ids,
-                data_type=self.ttnn.int32,
-                layout=self.ttnn.ROW_MAJOR_LAYOUT,
-                device=self.device,
-                mem_config=self.dram,
-                mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device),
-            )
+            t = self.page_rows([blocks], columns)
             self.keep_internal(key, t)
         return t
+
+    def page_rows(self, rows, columns):
+        """int32 ROW_MAJOR [len(rows), columns] on every device: per row its block ids, then 0
+        (a page table of one row per batch element; not cached: the caller drops it)."""
+        import numpy as np
+
+        ids = np.zeros((len(rows), columns), np.int32)
+        for i, blocks in enumerate(rows):
+            ids[i, : len(blocks)] = np.asarray(blocks, dtype=np.int32)
+        return self.tt.call(
+            "Tensor",
+            self.ttnn.Tensor,
+            ids,
+            data_type=self.ttnn.int32,
+            layout=self.ttnn.ROW_MAJOR_LAYOUT,
+            device=self.device,
+            mem_config=self.dram,
+            mesh_mapper=self.ttnn.replicate_tensor_to_mesh_mapper(self.device),
+        )
 
     def kv_input(self, t, heads, d, dp):
         """[1, 1, T, heads*d] activation -> [1, heads, T, dp] in the KV dtype."""

@@ -25,10 +25,10 @@ HiFi2 under `selected`); the gate selection stays HiFi4 (exact copies). Each end
 row-parallel projection, the all-reduce (reduce-scatter + all-gather, when
 the plan asks for it) and the residual add: one ABI call per sublayer instead of 10-16.
 
-A batched pass (params `batch`: {"requests": B, "lengths": [L_i]}) runs B fresh requests
-(no cached prefix, no carried state) as one: h holds B blocks of `each` rows (each request's
-rows at the front of its block, zero rows after, at least 3 of them: each = t / B, a multiple of
-32), every row-wise op runs once over all t rows, and the mixers run over a batch of B:
+A batched pass (params `batch`: {"requests": B, "lengths": [L_i]}) runs B requests as one: h
+holds B blocks of `each` rows (each request's rows at the front of its block, zero rows after,
+at least 3 of them: each = t / B, a multiple of 32), every row-wise op runs once over all t
+rows, and the mixers run over a batch of B (fresh requests first; continuations below):
 - attention: `nlp_create_qkv_heads` on [B, 1, each, cols] gives heads [B, H, each, d]; the rope
   tables are one request's positions 0..each-1, broadcast over the batch; causal SDPA
   (`transformer.scaled_dot_product_attention`, is_causal) per batch element, so a request's
@@ -54,6 +54,15 @@ whose state at the prefix's end is stored), that prefix's state:
   so the final state is the state at the prefix end; 2 multiplies and one delta-rule call more
   per DeltaNet layer, only in a pass that keeps a prefix).
 One extra device op per DeltaNet layer (the row mask) against the solo pass otherwise.
+Given a cache and state (keys and values, conv carry and recurrent state: hits of one
+prefix-cache slot), every block continues it, at one block's positions from the cache's end:
+- attention: each block's keys and values are appended to the cache as a handle of its own
+  (the cached pool blocks shared, its rows in fresh ones), and chunked SDPA reads the pool
+  through one page-table row per block (chunk_start_idx: the cache's rows, one for all);
+- DeltaNet: the first block's conv reads the carry as its history; the carry is added into
+  the 3 zeroed pad rows before every other block (tiles: an exact sum), so each block's conv
+  starts from it; the delta rule starts every block from the state (B copies).
+A continuing pass keeps nothing (no `keep`).
 
 A layer op takes only the forms it was written for: bf16 activations and KV, tile-aligned head
 dims and split points, the native conv's shapes, the rope widths `rotary_embedding_hf` takes,
@@ -68,7 +77,7 @@ import json
 import numpy as np
 
 from .delta import CARRY_FORM, DELTA_PIECE, NATIVE_CONV_TAPS
-from .meta import TILE_SIZE, f32, round_up
+from .meta import KV_BLOCK, TILE_SIZE, f32, round_up
 from .programs import kernel_config, precise, sdpa_chunks, sdpa_program, sublayer
 
 # Zero rows a batched pass leaves after each request (at least the conv's history, so the next
@@ -135,8 +144,9 @@ class LayerOps:
         return out
 
     def _batch(self, op, p, t, fresh):
-        """A batched pass's (requests, rows per request block, lengths), or None for an
-        ordinary one. `fresh`: whether the op was given no cache or carried state."""
+        """A batched pass's (requests, rows per request block, lengths, kept prefix rows,
+        continuing), or None for an ordinary one. `fresh`: whether the op was given no cache or
+        carried state; given one, every block continues it (`continuing`)."""
         batch = p.get("batch")
         if not batch:
             return None
@@ -148,14 +158,14 @@ class LayerOps:
         each = t // count
         if each % TILE_SIZE or any(n < 1 or n + BATCH_PAD_ROWS > each for n in lengths):
             _refuse(op, "blocks of %d rows for requests of %s rows" % (each, lengths))
-        if not fresh:
-            _refuse(op, "a batched pass continuing a cache or state")
         keep = [int(n) for n in batch.get("keep") or [0] * count]
         if len(keep) != count or any(
             n < 0 or n > m or n % TILE_SIZE for n, m in zip(keep, lengths)
         ):
             _refuse(op, "prefixes of %s rows kept of requests of %s rows" % (keep, lengths))
-        return count, each, lengths, keep
+        if not fresh and any(keep):
+            _refuse(op, "a batched pass continuing a state and keeping prefixes")
+        return count, each, lengths, keep, not fresh
 
     def _row_mask(self, each, lengths):
         """[1, 1, t, 1] bf16: 1 on the requests' rows, 0 on the pad rows after them (made once
@@ -193,7 +203,9 @@ class LayerOps:
         self._bf16_only("attention")
         rot = 2 * int(tables[1]) if tables is not None else 0
         t = h[0].rows
-        batch = self._batch("attention", p, t, ck is None and cv is None)
+        if (ck is None) != (cv is None):
+            _refuse("attention", "a keys cache without values, or values without keys")
+        batch = self._batch("attention", p, t, ck is None)
         count, each = (batch[0], batch[1]) if batch else (1, t)
         # Every block's own positions (media): the heads are made and roped over all t rows,
         # then split into blocks for SDPA.
@@ -253,9 +265,16 @@ class LayerOps:
         if batch:
             if own:
                 q, k, v = [self._to_blocks(x, count) for x in (q, k, v)]
-            kept = self._kept_kv(k, v, batch[3], kvh, d)
-            o = self._batched_attention(q, k, v, d, sublayer(ttnn, config))
+            if batch[4]:
+                kept = []
+                o = self._continued_attention(q, k, v, caches, kvh, d, sublayer(ttnn, config))
+            else:
+                kept = self._kept_kv(k, v, batch[3], kvh, d)
+                o = self._batched_attention(q, k, v, d, sublayer(ttnn, config))
             self.drop(k, v)
+            for c in caches:
+                if c is not None and c[1]:
+                    c[0].release(ttnn)
             if own:
                 o = self._from_blocks(o)
         else:
@@ -289,6 +308,35 @@ class LayerOps:
                 rows = self.slice(x, (i, 0, 0, 0), (i + 1, kvh, n, d))
                 kept.append(self.append_heads(None, rows, kvh, d))
         return kept
+
+    def _continued_attention(self, q, k, v, caches, kvh, d, ckc):
+        """Causal SDPA over a batch of blocks that all continue the same cached keys and values
+        (hits of one prefix-cache slot): each block's keys and values [B, kvh, each, d] are
+        appended to the cache as a handle of its own (the cached blocks shared, its rows in
+        fresh pool blocks: kv_cache.py), and chunked SDPA reads the pool through one page-table
+        row per block, every block's queries from the cache's end. The handles are released
+        after: a hit keeps nothing."""
+        (kc, _), (vc, _) = caches
+        count, _, each, _ = self.shape(q)
+        start = kc.rows
+        if start % TILE_SIZE or vc.rows != start:
+            _refuse("attention", "a batch continuing %d cached rows" % start)
+        handles = []
+        for i in range(count):
+            rows = [self.slice(x, (i, 0, 0, 0), (i + 1, kvh, each, d)) for x in (k, v)]
+            handles.append([self.append_heads(c, r, kvh, d) for c, r in zip((kc, vc), rows)])
+        q_chunk, _ = sdpa_chunks(each, start)
+        needed = (start + round_up(each, q_chunk) + KV_BLOCK - 1) // KV_BLOCK
+        for hk, hv in handles:
+            if hk.blocks != hv.blocks:
+                raise ValueError("attention: a block's keys and values in different pool blocks")
+        table = self.page_rows([hk.blocks[:needed] for hk, _ in handles], round_up(needed, 32))
+        o = self.chunked_sdpa(q, *handles[0], table, start, d, ckc)
+        self.drop(table)
+        for pair in handles:
+            for h in pair:
+                h.release(self.ttnn)
+        return o
 
     def _to_blocks(self, x, count):
         """Heads of all rows [1, h, t, d] -> a batch of blocks [count, h, t / count, d]."""
@@ -346,7 +394,9 @@ class LayerOps:
         kernel = int(p["conv_kernel"])
         self._bf16_only("delta_net")
         t = h[0].rows
-        batch = self._batch("delta_net", p, t, carry is None and state is None)
+        if (carry is None) != (state is None):
+            _refuse("delta_net", "a conv carry without a recurrent state, or a state without one")
+        batch = self._batch("delta_net", p, t, carry is None)
         count, each = (batch[0], batch[1]) if batch else (1, round_up(t, TILE_SIZE))
         kd, vd = nk * dk, nv * dv
         ch = 2 * kd + vd
@@ -379,7 +429,14 @@ class LayerOps:
             x = masked
         fused = self.matmul(x, t, in_proj, config)
         self.drop(x)
-        if batch:
+        if batch and batch[4]:
+            # Every block continues the carry: the first from the conv's history input, the
+            # others from the carry placed in the 3 pad rows before them.
+            placed = self._placed_history(fused, carry, count, each, ch)
+            q, k, v = self.conv_parts(placed, t, conv, carry, (kd, kd, vd))
+            self.drop(placed)
+            new_carry, kept_carries = None, []
+        elif batch:
             q, k, v = self.conv_parts(fused, t, conv, None, (kd, kd, vd))
             new_carry = None
             # A kept prefix's conv history: the 3 rows before its end, as a pass of that
@@ -444,6 +501,12 @@ class LayerOps:
             q, k, v = [self.reshape(a, (count, each, self.shape(a)[-1])) for a in (q, k, v)]
         if state is not None:
             s = self.reshape(self.typecast(state[1].t, fp32), (1, nv, dk, dv))
+            if count > 1:
+                # Every block starts from the same state.
+                one = s
+                s = self.concat([one] * count, 0)
+                if one is not state[1].t:
+                    self.drop(one)
         else:
             # A zero state made once (without one the op uploads zeros from the host per call).
             s = self.internal_once(
@@ -484,6 +547,8 @@ class LayerOps:
         self.drop(gated)
         new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
         if batch:
+            # Each block's final state is the state after its pad rows: not kept.
+            self.drop(s_next)
             pairs = zip(kept_carries, kept_states)
             return [new_h] + [self.wrap(x) for pair in pairs for x in pair]
         s_out = self.reshape(s_next, (1, 1, nv * dk, dv))
@@ -492,6 +557,51 @@ class LayerOps:
             self.wrap(new_carry),
             self.wrap(s_out),
         ]
+
+    def _placed_history(self, fused, carry, count, each, ch):
+        """The conv channels of `fused` ([1, 1, count * each, >= ch]) with the conv history
+        `carry` (3 rows) added into the last 3 rows of every block but the last: pad rows,
+        zeros there (the row mask), so the next block's conv reads the carry as its history.
+        Made from tiles: the carry's 3 rows at the end of one zero tile, between zero blocks
+        (constants made once per form), so the sum is exact."""
+        ttnn, keep = self.ttnn, NATIVE_CONV_TAPS - 1
+        hist, made = self._conv_history(carry, ch)
+        lead = self.internal_once(
+            ("batch_history_lead", ch),
+            lambda: self.host_rows(
+                [np.zeros((1, 1, TILE_SIZE - keep, ch), np.float32)],
+                ttnn.bfloat16,
+                ttnn.ROW_MAJOR_LAYOUT,
+            ),
+        )
+        h4 = self.reshape(hist, (1, 1, keep, ch))
+        rows = self.concat([lead, h4], 2)
+        tile = self.tt.call(
+            "to_layout", ttnn.to_layout, rows, ttnn.TILE_LAYOUT, memory_config=self.dram
+        )
+        gap = each - TILE_SIZE
+        zeros = (
+            self.internal_once(
+                ("batch_history_gap", gap, ch),
+                lambda: self.host_rows(
+                    [np.zeros((1, 1, gap, ch), np.float32)], ttnn.bfloat16, ttnn.TILE_LAYOUT
+                ),
+            )
+            if gap
+            else None
+        )
+        last = self.internal_once(
+            ("batch_history_last", each, ch),
+            lambda: self.host_rows(
+                [np.zeros((1, 1, each, ch), np.float32)], ttnn.bfloat16, ttnn.TILE_LAYOUT
+            ),
+        )
+        parts = ([zeros] if gap else []) + [tile]
+        placement = self.concat(parts * (count - 1) + [last], 2)
+        x = self.cols(fused, 0, ch)
+        out = self.binary("add", ttnn.add, x, placement)
+        self.drop(*made, *[h4] * (h4 is not hist), rows, tile, placement, x)
+        return out
 
     def _kept_states(self, q, k, v, gates, s, keep, dk):
         """Each kept prefix's recurrent state at its end, [1, 1, nv * dk, dv] f32: a second

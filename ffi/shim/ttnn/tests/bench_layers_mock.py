@@ -17,7 +17,8 @@ top: `clef-tt bench prefill --device tt --shape clef-27b` measures the whole pat
 lengths against each alone, as text requests (one block's rope tables for all) and as media
 requests (every block's own), and exits 1 when either's device ops per request exceed RATIO x
 solo's (CI runs 4 requests of ~300 tokens at 0.35); then, reported only, the same pass as
-prefix-cache misses keeping their prefixes' state against each miss alone (prefix, then rest).
+prefix-cache misses keeping their prefixes' state against each miss alone (prefix, then rest),
+and their tails as hits of one slot continuing its state against each tail alone.
 
 `Bench` is also the layer definition of ops_at_scale_mock.py: every ABI op of a layer goes through
 `Bench.op(label, fn, *args)` (a plain call here; that script captures each one with ttnn's graph
@@ -462,6 +463,19 @@ class Bench:
             h = self.mlp_layer(w, stream, t)
         return h
 
+    def continued(self, w, h, t, cached, positions, batch=None):
+        """64 layers over h (t rows) continuing `cached` (a prefix's keys and values, conv
+        carry and state: every layer continues the same ones, as its weights are the same):
+        one tail, or a batch of tails continuing it (hits of one slot)."""
+        kv, state = cached
+        for i in range(64):
+            if i % 4 == 3:
+                out = self.attention_layer(w, h, t, kv, positions, batch)
+            else:
+                out = self.delta_layer(w, h, t, state, batch)
+            h = self.mlp_layer(w, out if batch else out[0], t)
+        return h
+
     def miss_alone(self, w, n, p):
         """A prefix-cache miss alone (src/engine/mod.rs `run_model`): its prefix of p rows, then
         the other n - p rows from the prefix's keys, values, conv carry and state, 64 layers."""
@@ -521,6 +535,35 @@ class Bench:
                 "batched pass of %d prefix-cache misses keeping %s rows: %d device ops, %.1f per "
                 "request; a miss alone (prefix, then the rest) %.1f: %.3fx"
                 % (len(lengths), keep, ops, ops / len(lengths), miss, ops / len(lengths) / miss)
+            )
+        # Prefix-cache hits of one slot (text): the same requests' tails after a 256-row
+        # prefix, continuing its state as one batch, against each tail alone. Reported.
+        p = 256
+        tails = [n - p for n in lengths if n > p]
+        if len(tails) > 1:
+            prefix = self.act(p, HIDDEN)
+            cached = (
+                self.attention_layer(w, prefix, p, None, self.positions(0, p))[1],
+                self.delta_layer(w, prefix, p, None)[1],
+            )
+            tail_each = -(-(max(tails) + BATCH_PAD_ROWS) // 32) * 32
+            rows = tail_each * len(tails)
+            hits = {"requests": len(tails), "lengths": tails}
+            h = self.act(rows, HIDDEN)
+            ops = self.device_ops(
+                lambda: self.continued(w, h, rows, cached, self.positions(p, tail_each), hits)
+            )
+            solos = []
+            for n in tails:
+                ht = self.act(n, HIDDEN)
+                solos.append(
+                    self.device_ops(lambda: self.continued(w, ht, n, cached, self.positions(p, n)))
+                )
+            hit = sum(solos) / len(solos)
+            print(
+                "batched pass of %d prefix-cache hits of one slot (tails of %s rows after %d): "
+                "%d device ops, %.1f per request; a hit alone %.1f: %.3fx"
+                % (len(tails), tails, p, ops, ops / len(tails), hit, ops / len(tails) / hit)
             )
         self.m.close()
         return max(ratios)

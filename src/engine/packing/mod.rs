@@ -11,7 +11,7 @@
 //! `budget` prompt tokens (in a batched pass, rows of the padded blocks); one longer than the
 //! budget, or with a piece longer than a prefill chunk, runs alone, chunked as always (in a
 //! batched form, right after the pack open when it arrived, so that it does not split that
-//! pack: a cache hit there runs alone too).
+//! pack).
 //!
 //! A request runs as the same pieces it runs alone (`Pipeline::run_model`): the whole prompt,
 //! or with the prefix cache on, the prefix `[0, P)` and the tail `[P, T)`. A pack runs in two
@@ -19,21 +19,21 @@
 //! and every miss's prefix; the second holds the misses' tails, each from the slot its prefix
 //! just filled. A request whose prefix another request of the pack is computing waits for the
 //! second round and is then a hit, as it would be right after that request alone. A batched
-//! pass continues no state, so there a pack is one round: a miss runs as its whole prompt,
-//! keeping its prefix's state (`RowBatch::keep`) for the cache, and its head reads the
-//! prefix's rows as the slot's memory and the rest as its tail, as alone; a hit (or a request
-//! whose prefix the pack computes) runs alone after the pack, from the slot. The head
+//! pass holds whole prompts, or tails that all continue one slot: there the first round holds
+//! the whole prompts and the misses, each miss as its whole prompt keeping its prefix's state
+//! (`RowBatch::keep`) for the cache (its head reads the prefix's rows as the slot's memory and
+//! the rest as its tail, as alone); the second round is a pass per slot of the hits and the
+//! requests that waited for a prefix (one request alone runs as alone). The head
 //! runs per request on its own rows, the requests of a pass side by side (on the host, for
 //! every mesh), as does their preparation on a mesh that packs rows. A failed pass fails only
 //! the requests in it, each with the error it would have had alone; a request whose client
 //! left is answered between rounds.
 
+mod passes;
+
 use super::prefix_cache::{boundary, CacheKey, CacheUse, PrefixSlot};
-use super::{
-    cancelled_error, fail, injected_device_fault, Decision, ModelRows, Pipeline, Prepared,
-    PREFILL_CHUNK,
-};
-use crate::backbone::{Batched, PrefillError, PrefillState, Segment};
+use super::{cancelled_error, Decision, ModelRows, Pipeline, Prepared, PREFILL_CHUNK};
+use crate::backbone::PrefillState;
 use crate::encode::LengthRule;
 use crate::request::{RequestError, SystemOneRequest};
 use clef_device::{HostTensor, MeshOps};
@@ -115,6 +115,16 @@ struct Piece<B: MeshOps> {
     keep: Option<usize>,
 }
 
+/// A member's round-2 piece: its first row and the slot it continues (a miss's or a waiting
+/// request's slot; in a batch, a hit's).
+fn round_two<B: MeshOps>(m: &Member<B>, batched: bool) -> Option<(usize, Slot<B>)> {
+    match (&m.slot, &m.plan) {
+        (Some(slot), Plan::Miss(_, p) | Plan::After(_, p)) => Some((*p, slot.clone())),
+        (_, Plan::Hit(slot, p)) if batched => Some((*p, slot.clone())),
+        _ => None,
+    }
+}
+
 /// The prefix-cache key of a request's first `p` tokens.
 fn cache_key(prepared: &Prepared, p: usize) -> CacheKey {
     CacheKey {
@@ -158,13 +168,10 @@ impl<B: MeshOps> Pipeline<B> {
             let packable = match form {
                 PackForm::Off => false,
                 PackForm::Segments => true,
-                // A batched pass takes whole prompts: those with no prefix to cache, and misses
-                // (their prefix's state kept); a hit continues its slot alone.
+                // A batched pass takes whole prompts (a miss keeping its prefix's state) or
+                // the tails of hits of one slot, each within a chunk.
                 PackForm::Batch(_) => {
-                    t <= PREFILL_CHUNK
-                        && self.cut(&prepared).is_none_or(|p| {
-                            p % 32 == 0 && !self.lock_cache().contains(&cache_key(&prepared, p))
-                        })
+                    t <= PREFILL_CHUNK && self.cut(&prepared).is_none_or(|p| p % 32 == 0)
                 }
             };
             if !packable || t > budget || !self.fits_one_pass(&prepared) {
@@ -298,10 +305,6 @@ impl<B: MeshOps> Pipeline<B> {
                     let key = cache_key(&prepared, p);
                     if computing.contains(&key) {
                         Plan::After(key, p)
-                    } else if batched && self.lock_cache().contains(&key) {
-                        // A hit in a batched pack runs alone after it, where it is looked up
-                        // (and counted) as alone.
-                        Plan::After(key, p)
                     } else {
                         match self.lock_cache().lookup(&key) {
                             Some(slot) => Plan::Hit(slot, p),
@@ -323,22 +326,9 @@ impl<B: MeshOps> Pipeline<B> {
         }
         let mut live: Vec<Option<Member<B>>> = members.into_iter().map(Some).collect();
         let mut alone = Vec::new();
-        if batched {
-            // Hits continue a state: alone, after the pack (see the module header).
-            for m in live.iter_mut() {
-                if matches!(
-                    m,
-                    Some(Member {
-                        plan: Plan::Hit(..) | Plan::After(..),
-                        ..
-                    })
-                ) {
-                    alone.extend(m.take());
-                }
-            }
-        }
 
-        // Round 1: whole prompts, hits' tails, misses' prefixes (in a batch, misses whole).
+        // Round 1: whole prompts, hits' tails, misses' prefixes (in a batch: whole prompts and
+        // misses, whole; the hits wait for round 2).
         let pieces: Vec<Piece<B>> = live
             .iter()
             .enumerate()
@@ -347,6 +337,7 @@ impl<B: MeshOps> Pipeline<B> {
                 let t = m.prepared.record.input_ids.len();
                 match &m.plan {
                     Plan::Whole(_) => Some((k, 0..t, None, None)),
+                    Plan::Hit(..) if batched => None,
                     Plan::Hit(slot, p) => Some((k, *p..t, Some(slot.clone()), None)),
                     Plan::Miss(_, p) if batched => Some((k, 0..t, None, Some(*p))),
                     Plan::Miss(_, p) => Some((k, 0..*p, None, None)),
@@ -417,7 +408,8 @@ impl<B: MeshOps> Pipeline<B> {
         }
         self.answer(jobs, &mut live, ready, done);
 
-        // Round 2: the misses' tails and the requests that waited for their prefixes.
+        // Round 2: the misses' tails and the requests that waited for their prefixes (in a
+        // batch: the hits and those requests, a pass per slot).
         for m in live.iter_mut().flatten() {
             if let Plan::After(key, _) = &m.plan {
                 m.slot = self.lock_cache().lookup(key);
@@ -442,39 +434,55 @@ impl<B: MeshOps> Pipeline<B> {
             .filter_map(|(k, m)| {
                 let m = m.as_ref()?;
                 let t = m.prepared.record.input_ids.len();
-                let p = match &m.plan {
-                    Plan::Miss(_, p) | Plan::After(_, p) => *p,
-                    _ => return None,
-                };
+                let (p, slot) = round_two(m, batched)?;
                 Some(Piece {
                     member: k,
                     range: p..t,
-                    start: Some(m.slot.clone()?),
+                    start: Some(slot),
                     keep: None,
                 })
             })
             .collect();
-        let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
-        let mut ready = Vec::new();
-        for (k, hidden, _) in outcome {
-            let Some(m) = live[k].as_ref() else {
-                continue;
+        // A batch continues one state: a pass per slot, in order of first appearance.
+        let mut passes: Vec<Vec<Piece<B>>> = Vec::new();
+        for piece in pieces {
+            let same = |pass: &&mut Vec<Piece<B>>| match (&pass[0].start, &piece.start) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
             };
-            let (Some(slot), Plan::Miss(_, p) | Plan::After(_, p)) = (&m.slot, &m.plan) else {
-                continue;
-            };
-            ready.push(Ready {
-                member: k,
-                hidden,
-                first_row: *p,
-                cache: match m.plan {
-                    Plan::Miss(..) => CacheUse::Miss,
-                    _ => CacheUse::Hit,
-                },
-                prefix: Some(slot.clone()),
-            });
+            match passes.iter_mut().find(|pass| batched && same(pass)) {
+                Some(pass) => pass.push(piece),
+                None => passes.push(vec![piece]),
+            }
         }
-        self.answer(jobs, &mut live, ready, done);
+        if !batched && passes.len() > 1 {
+            // Row segments continue any mix of states: one pass.
+            let all = passes.into_iter().flatten().collect();
+            passes = vec![all];
+        }
+        for pieces in passes {
+            let outcome = self.pack_pass(&mut live, pieces, cancelled, done);
+            let mut ready = Vec::new();
+            for (k, hidden, _) in outcome {
+                let Some(m) = live[k].as_ref() else {
+                    continue;
+                };
+                let Some((p, slot)) = round_two(m, batched) else {
+                    continue;
+                };
+                ready.push(Ready {
+                    member: k,
+                    hidden,
+                    first_row: p,
+                    cache: match m.plan {
+                        Plan::Miss(..) => CacheUse::Miss,
+                        _ => CacheUse::Hit,
+                    },
+                    prefix: Some(slot),
+                });
+            }
+            self.answer(jobs, &mut live, ready, done);
+        }
         for m in live.into_iter().flatten() {
             // Not reachable: every member was answered in a round or left as `alone`.
             done(
@@ -540,170 +548,5 @@ impl<B: MeshOps> Pipeline<B> {
         if let Some(p) = panicked {
             resume_unwind(p);
         }
-    }
-
-    /// One pass over `pieces`: requests whose client left, or whose rows cannot be built, are
-    /// answered and dropped first; a failed pass answers every request in it. Returns each
-    /// piece's member, final rows and state (none from a batched pass).
-    fn pack_pass(
-        &self,
-        live: &mut [Option<Member<B>>],
-        pieces: Vec<Piece<B>>,
-        cancelled: &dyn Fn(usize) -> bool,
-        done: &mut dyn FnMut(usize, Result<Decision, RequestError>),
-    ) -> Vec<PieceRows<B>> {
-        let mut inputs: Vec<(HostTensor, Vec<[u32; 3]>)> = Vec::new();
-        let mut starts: Vec<Option<&PrefillState<B::Tensor>>> = Vec::new();
-        let mut keeps: Vec<Option<usize>> = Vec::new();
-        let mut members: Vec<(usize, usize)> = Vec::new();
-        let mut dropped: Vec<(usize, RequestError)> = Vec::new();
-        for piece in &pieces {
-            let Some(m) = live[piece.member].as_ref() else {
-                continue;
-            };
-            if cancelled(m.job) {
-                dropped.push((piece.member, cancelled_error()));
-                continue;
-            }
-            let ids = &m.prepared.record.input_ids;
-            match self.piece_input(ids, m.prepared.vision.as_ref(), piece.range.clone()) {
-                Ok(input) => {
-                    inputs.push(input);
-                    starts.push(piece.start.as_ref().map(|s| &s.state));
-                    keeps.push(piece.keep);
-                    members.push((piece.member, piece.range.len()));
-                }
-                Err(e) => dropped.push((piece.member, fail(e))),
-            }
-        }
-        for (k, e) in dropped {
-            if let Some(m) = live[k].take() {
-                done(m.job, Err(e));
-            }
-        }
-        if inputs.is_empty() {
-            return Vec::new();
-        }
-        let n = inputs.len();
-        let faulty = members
-            .iter()
-            .any(|&(k, _)| live[k].as_ref().is_some_and(|m| m.prepared.device_fault));
-        let result = match faulty {
-            true => Err(injected_device_fault()),
-            false => self.prefill_pieces(&inputs, &starts, &keeps),
-        };
-        drop(starts);
-        let (hidden, states, shared) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                let e = fail(e);
-                for &(k, _) in &members {
-                    if let Some(m) = live[k].take() {
-                        done(m.job, Err(e.clone()));
-                    }
-                }
-                return Vec::new();
-            }
-        };
-        let h = self.hidden;
-        let mut out = Vec::with_capacity(n);
-        let mut from = 0;
-        for ((k, len), state) in members.into_iter().zip(states) {
-            if let Some(m) = live[k].as_mut() {
-                m.pass_requests = m.pass_requests.max(if shared { n } else { 1 });
-            }
-            out.push((k, hidden.data[from * h..(from + len) * h].to_vec(), state));
-            from += len;
-        }
-        out
-    }
-
-    /// The pieces' final rows (in order) and states: one pass of row segments, or one batched
-    /// pass (the states of the prefixes kept); where the mesh refuses the batch for this
-    /// model's shapes, each piece alone, and no batch again.
-    fn prefill_pieces(
-        &self,
-        inputs: &[(HostTensor, Vec<[u32; 3]>)],
-        starts: &[Option<&PrefillState<B::Tensor>>],
-        keeps: &[Option<usize>],
-    ) -> Result<PiecesRows<B>, PrefillError> {
-        let keeping = keeps.iter().any(Option::is_some);
-        if keeping && starts.iter().any(Option::is_some) {
-            return Err(PrefillError::State(
-                "a pass keeping prefixes of pieces that continue a state".into(),
-            ));
-        }
-        if self.backbone.mesh().packs_rows() {
-            if keeping {
-                return Err(PrefillError::State(
-                    "a pass of row segments keeping prefixes".into(),
-                ));
-            }
-            let mut rows = Vec::new();
-            let mut positions = Vec::new();
-            for (e, p) in inputs {
-                rows.extend_from_slice(&e.data);
-                positions.extend_from_slice(p);
-            }
-            let segments: Vec<Segment<B::Tensor>> = inputs
-                .iter()
-                .zip(starts)
-                .map(|((e, _), &start)| Segment {
-                    rows: e.rows,
-                    start,
-                })
-                .collect();
-            let embedded = HostTensor::new(positions.len(), self.hidden, rows);
-            let (hidden, states) = self
-                .backbone
-                .prefill_segments(&embedded, &positions, &segments, None)?;
-            return Ok((hidden, states.into_iter().map(Some).collect(), true));
-        }
-        if starts.iter().all(Option::is_none) {
-            let batch: Vec<(&HostTensor, &[[u32; 3]])> =
-                inputs.iter().map(|(e, p)| (e, p.as_slice())).collect();
-            let keep: Vec<usize> = keeps.iter().map(|k| k.unwrap_or(0)).collect();
-            match self.backbone.prefill_batched(&batch, &keep)? {
-                Batched::Rows(hidden, states) => return Ok((hidden, states, true)),
-                Batched::Refused => {
-                    if !self.batch_refused.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "the device refused a batched pass for this model's shapes: \
-                             packed requests run one by one from now on"
-                        );
-                    }
-                }
-            }
-        }
-        let mut rows = Vec::new();
-        let mut states = Vec::with_capacity(inputs.len());
-        for (((embedded, positions), &start), &keep) in inputs.iter().zip(starts).zip(keeps) {
-            // A kept prefix runs as alone: the prefix, then the rest from its state.
-            let cut = keep.unwrap_or(0);
-            let (head, rest) = embedded.data.split_at(cut * self.hidden);
-            let mut kept = None;
-            if cut > 0 {
-                let head = HostTensor::new(cut, self.hidden, head.to_vec());
-                let (hidden, state) =
-                    self.backbone
-                        .prefill_embedded(&head, &positions[..cut], None, None)?;
-                rows.extend_from_slice(&hidden.data);
-                kept = Some(state);
-            }
-            let rest = HostTensor::new(embedded.rows - cut, self.hidden, rest.to_vec());
-            let (hidden, state) = self.backbone.prefill_embedded(
-                &rest,
-                &positions[cut..],
-                kept.as_ref().or(start),
-                None,
-            )?;
-            rows.extend_from_slice(&hidden.data);
-            states.push(Some(kept.unwrap_or(state)));
-        }
-        Ok((
-            HostTensor::new(rows.len() / self.hidden, self.hidden, rows),
-            states,
-            false,
-        ))
     }
 }
