@@ -208,8 +208,9 @@ def batched(b, w, values):
     positions shared by every block, and with every block at positions of its own (media: the
     heads are roped over all rows, then split into blocks); with the blocks' positions swapped
     for shared ones, the second is off by up to 8.4e-2. The MLP is row-wise and the same op.
-    Then blocks keeping their prefixes' state, and blocks continuing one prefix's state (the
-    conv carry left out of the blocks after the first: off by up to 1.8e-1)."""
+    Then blocks keeping their prefixes' state, and blocks continuing one prefix's state, at
+    text positions and (attention) at positions of their own (the conv carry left out of the
+    blocks after the first: off by up to 1.8e-1)."""
     lengths = (40, 61, 25)
     each = 64
     own = np.concatenate([np.arange(each) * s for s in (1, 7, 40)])
@@ -282,17 +283,24 @@ def batched(b, w, values):
     continued = {
         "deltanet": (
             lambda: b.delta_layer(w, hb, t, state, batch),
-            lambda h, n: b.delta_layer(w, h, n, state)[0],
+            lambda h, n, i: b.delta_layer(w, h, n, state)[0],
         ),
         "attention": (
             lambda: b.attention_layer(w, hb, t, cache, b.positions(p, each), batch),
-            lambda h, n: b.attention_layer(w, h, n, cache, b.positions(p, n))[0],
+            lambda h, n, i: b.attention_layer(w, h, n, cache, b.positions(p, n))[0],
+        ),
+        # Media: every block at positions of its own after the prefix's.
+        "attention, own positions,": (
+            lambda: b.attention_layer(w, hb, t, cache, b.tables(p + own), batch),
+            lambda h, n, i: b.attention_layer(
+                w, h, n, cache, b.tables(p + own[i * each : i * each + n])
+            )[0],
         ),
     }
     for kind, (together, solo) in continued.items():
         got = values(together())
         for i, (h, n) in enumerate(zip(hs, lengths)):
-            ref = values(solo(h, n))
+            ref = values(solo(h, n, i))
             diff = np.abs(ref - got[i * each : i * each + n]).max()
             err = diff / max(1e-6, np.abs(ref).max())
             check("batched %s from a %d-row state, request %d" % (kind, p, i), float(err), 4e-3)
