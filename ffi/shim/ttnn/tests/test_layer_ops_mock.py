@@ -242,13 +242,18 @@ def batched(b, w, values):
             )[0],
         ),
     }
-    for kind, (together, solo) in runs.items():
-        got = values(together())
-        for i, (h, n) in enumerate(zip(hs, lengths)):
-            ref = values(solo(h, n, i))
-            diff = np.abs(ref - got[i * each : i * each + n]).max()
-            err = diff / max(1e-6, np.abs(ref).max())
-            check("batched %s, request %d of %d rows" % (kind, i, n), float(err), 4e-3)
+
+    def against_alone(runs, name):
+        """Each run's batched pass against each request's rows alone, within 4e-3."""
+        for kind, (together, solo) in runs.items():
+            got = values(together())
+            for i, (h, n) in enumerate(zip(hs, lengths)):
+                ref = values(solo(h, n, i))
+                diff = np.abs(ref - got[i * each : i * each + n]).max()
+                err = diff / max(1e-6, np.abs(ref).max())
+                check(name(kind, i, n), float(err), 4e-3)
+
+    against_alone(runs, lambda kind, i, n: "batched %s, request %d of %d rows" % (kind, i, n))
     # Kept prefixes (a prefix-cache miss in a batched pass): each kept block's keys, values,
     # conv carry and recurrent state at its prefix's end, against a pass of that prefix alone.
     keep = [32, 32, 0]
@@ -297,13 +302,9 @@ def batched(b, w, values):
             )[0],
         ),
     }
-    for kind, (together, solo) in continued.items():
-        got = values(together())
-        for i, (h, n) in enumerate(zip(hs, lengths)):
-            ref = values(solo(h, n, i))
-            diff = np.abs(ref - got[i * each : i * each + n]).max()
-            err = diff / max(1e-6, np.abs(ref).max())
-            check("batched %s from a %d-row state, request %d" % (kind, p, i), float(err), 4e-3)
+    against_alone(
+        continued, lambda kind, i, n: "batched %s from a %d-row state, request %d" % (kind, p, i)
+    )
     # Forms a batched pass does not take, refused before any ttnn call.
     for name, bad in (
         ("blocks of 40 rows", {"requests": 3, "lengths": [30, 30, 30]}),
