@@ -16,6 +16,7 @@ mod host;
 mod mesh;
 pub mod numerics;
 mod ops;
+mod pass;
 pub mod plan;
 pub mod select;
 pub mod tt;
@@ -30,6 +31,7 @@ pub use ops::{
     AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, DeviceUsage,
     GatherAxis, Gelu, MeshOps, MlpLayer, RopeSpec, RowBatch, RuntimeCalls,
 };
+pub use pass::{PassLayer, PassMixer, PassOutput, PassStats, PrefillPass};
 
 /// Result type of the device layer.
 pub type Result<T> = std::result::Result<T, DeviceError>;

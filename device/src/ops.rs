@@ -9,7 +9,10 @@
 //! Weights are uploaded already split per device ([`MeshOps::upload_weight`] takes one part per
 //! device); which split a weight gets is decided by the caller's tensor-parallel plan.
 
-use crate::{HostTensor, HostWeight, MeshShape, Result, WeightBytes, WeightFormat, WeightKind};
+use crate::{
+    HostTensor, HostWeight, MeshShape, PassOutput, PassStats, PrefillPass, Result, WeightBytes,
+    WeightFormat, WeightKind,
+};
 
 /// Which way per-device shards are joined when a sharded tensor is read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,6 +462,26 @@ pub trait MeshOps: Sync {
         layer: &MlpLayer<'_, Self::Tensor, Self::Weight>,
     ) -> Option<Result<Self::Tensor>> {
         let _ = layer;
+        None
+    }
+
+    /// A whole prefill pass in one call (crate::pass): its final rows and every layer's new
+    /// state; `None` when the backend does not run passes, or not this one (its shapes, its
+    /// states), and the caller runs the layers.
+    fn prefill_pass(
+        &self,
+        pass: &PrefillPass<'_, Self::Tensor, Self::Weight>,
+    ) -> Option<Result<PassOutput<Self::Tensor>>> {
+        let _ = pass;
+        None
+    }
+    /// Room for `kv_tokens` tokens of KV in the whole passes' state (before the first pass).
+    fn configure_passes(&self, kv_tokens: usize) -> Result<()> {
+        let _ = kv_tokens;
+        Ok(())
+    }
+    /// What the backend's whole passes did, if it runs them.
+    fn pass_stats(&self) -> Option<PassStats> {
         None
     }
 }

@@ -7,8 +7,13 @@
 #            this file with the venv's Python
 #   cache/   a private TT_METAL_CACHE (placeholder kernels carry the real cache key: never let
 #            them into ~/.cache/tt-metal-cache, where a real chip would later load them)
+#   lib/     libclef_tt_trace_shim.so, built with g++ from trace_shim.cpp beside this file: makes
+#            ttnn's trace capture and replay work in mock mode, and refuses inside a capture what
+#            chips refuse (host writes, reads, event records, finishes, program-cache misses)
 #   env.sh   the environment: source it, then `cargo build` builds libclef_tt_ttnn.so and
-#            `clef-tt devices --device tt` opens the mock P150x2 (hardware: mock)
+#            `clef-tt devices --device tt` opens the mock P150x2 (hardware: mock); it puts the
+#            trace shim first in LD_PRELOAD (every process of the shell loads it; it does nothing
+#            until libtt_metal.so calls it). test_trace_kit.py beside this file checks traces.
 # usage: ffi/ttnn-mock/setup.sh [--golden] DIR && source DIR/env.sh
 #   --golden also installs torch (pinned; ~4 GB with the CUDA packages it needs to import, ~1 min
 #   from PyPI) for the golden-shadow mode (CLEF_TT_GOLDEN=1, tests/tt_golden.rs): ttnn's golden
@@ -32,6 +37,7 @@ if [ -z "$py" ]; then
   done
 fi
 [ -n "$py" ] || { echo "ttnn 0.81.1 has wheels for CPython 3.12 and 3.10 only; none found (set TT_MOCK_PYTHON)" >&2; exit 1; }
+command -v g++ >/dev/null 2>&1 || { echo "the trace shim needs g++ (apt-get install g++)" >&2; exit 1; }
 [ -x "$dir/venv/bin/python" ] || "$py" -m venv "$dir/venv"
 "$dir/venv/bin/python" -c 'import ttnn, pybind11' 2>/dev/null ||
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "ttnn==0.81.1" "pybind11==3.*"
@@ -58,6 +64,15 @@ cat >"$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++" <<GXX
 exec "$dir/venv/bin/python" -S -E "$here/riscv-tt-elf-g++" "\$@"
 GXX
 chmod +x "$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+# The trace shim (trace_shim.cpp says what it interposes and why). Built under a temporary name,
+# then renamed: processes that have the old one loaded keep it intact. The version script keeps
+# the C++ library's template instances out of the exported symbols.
+mkdir -p "$dir/lib"
+shim="$dir/lib/libclef_tt_trace_shim.so"
+printf '{ global: _ZN2tt8tt_metal*; _ZNK2tt8tt_metal*; local: *; };\n' >"$dir/lib/trace_shim.map"
+g++ -std=c++17 -O2 -fPIC -shared -Wall -Wextra -o "$shim.tmp" "$here/trace_shim.cpp" \
+  -Wl,--version-script="$dir/lib/trace_shim.map" -ldl
+mv -f "$shim.tmp" "$shim"
 cat >"$dir/env.sh" <<ENV
 # The mock-device kit's environment (ffi/ttnn-mock/setup.sh).
 export TT_METAL_RUNTIME_ROOT=$rt
@@ -65,6 +80,11 @@ export TT_METAL_MOCK_CLUSTER_DESC_PATH=$here/blackhole_2xP150.yaml
 export TT_METAL_CACHE=$dir/cache/
 export TT_MOCK_GXX=\${TT_MOCK_GXX:-stub}
 export CLEF_TT_PYTHON=$dir/venv/bin/python
+# The trace shim, first in LD_PRELOAD (once, however often this file is sourced).
+case ":\${LD_PRELOAD:-}:" in
+  *":$shim:"*) ;;
+  *) export LD_PRELOAD="$shim\${LD_PRELOAD:+:\$LD_PRELOAD}" ;;
+esac
 # One chip (P150) or two (P150x2).
 clef_tt_mock_chips() {
   case "\$1" in

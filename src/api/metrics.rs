@@ -41,6 +41,8 @@ pub struct Snapshot {
     pub cache_bytes: u64,
     /// Per worker, where the device backend reports it.
     pub device: Vec<clef_device::DeviceUsage>,
+    /// Per worker, where the device backend runs whole passes (ttnn: traced).
+    pub passes: Vec<clef_device::PassStats>,
 }
 
 impl Metrics {
@@ -216,6 +218,55 @@ impl Metrics {
                 );
             }
         }
+        render_passes(&mut out, &s.passes);
         out
+    }
+}
+
+/// The whole prefill passes per worker: replayed from a trace, or eager (op by op) and why,
+/// and the traces' memory.
+fn render_passes(out: &mut String, passes: &[clef_device::PassStats]) {
+    if passes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP clef_prefill_chunks_total Prefill chunks on a Tenstorrent mesh: replayed from a trace (path=traced), or dispatched op by op (path=eager; reason warming: the first of its shape, untraceable, layer by layer: a pass the shim does not take).\n# TYPE clef_prefill_chunks_total counter"
+    );
+    for (w, p) in passes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "clef_prefill_chunks_total{{worker=\"{w}\",path=\"traced\",reason=\"\"}} {}",
+            p.traced
+        );
+        for (reason, n) in &p.eager {
+            let _ = writeln!(
+                out,
+                "clef_prefill_chunks_total{{worker=\"{w}\",path=\"eager\",reason=\"{reason}\"}} {n}"
+            );
+        }
+    }
+    let gauges: [(&str, &str, fn(&clef_device::PassStats) -> u64); 3] = [
+        (
+            "clef_traces",
+            "Prefill traces a worker's mesh holds.",
+            |p| p.traces,
+        ),
+        (
+            "clef_trace_region_bytes",
+            "Trace region bytes in use per device (the allocator's count).",
+            |p| p.trace_region_bytes,
+        ),
+        (
+            "clef_trace_reserved_bytes",
+            "DRAM per device kept for the traces' intermediates.",
+            |p| p.reserved_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (w, p) in passes.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{worker=\"{w}\"}} {}", value(p));
+        }
     }
 }

@@ -109,6 +109,11 @@ impl AppState {
                 .lock()
                 .map(|u| u.iter().flatten().cloned().collect())
                 .unwrap_or_default(),
+            passes: s
+                .passes
+                .lock()
+                .map(|p| p.iter().flatten().cloned().collect())
+                .unwrap_or_default(),
         }
     }
 }

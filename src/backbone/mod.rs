@@ -5,13 +5,17 @@
 //! RMS-normed hidden row of every token (Qwen3.5's architecture). It can start from the
 //! state of an earlier pass at position P (KV rows of the attention layers, conv carry and
 //! recurrent state of the DeltaNet layers) and returns the state at its end, so a prompt can be
-//! computed as a prefix pass and a tail pass.
+//! computed as a prefix pass and a tail pass. A mesh that runs a whole chunk in one call (the
+//! ttnn backend, replaying it from a trace) gets it as one ([`Backbone::prefill_chunk`]).
 
 mod batched;
 pub use batched::Batched;
 mod layer;
+mod passes;
 pub mod plan;
 mod weights;
+
+pub use passes::PassWarmup;
 
 pub use plan::{Collective, Split, TpPlan};
 pub use weights::{device_parts, CheckpointSource, LoadError};

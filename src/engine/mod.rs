@@ -263,6 +263,25 @@ impl<B: MeshOps> Pipeline<B> {
         self.backbone.state_bytes_at(p) + p * self.head.config.width * 4
     }
 
+    /// Warm the mesh's whole passes (traced on ttnn: `Backbone::warm_passes`) with KV room for
+    /// every prefix-cache slot at the longest state piece under `rule` and two prompts at the
+    /// longest; `None` where the mesh runs none.
+    pub fn warm_passes(
+        &self,
+        rule: LengthRule,
+    ) -> Result<Option<crate::backbone::PassWarmup>, PrefillError> {
+        let (state, prompt) = match rule {
+            LengthRule::Server {
+                max_state,
+                max_tail,
+                ..
+            } => (max_state, max_state + max_tail),
+            LengthRule::Reference { max_length } => (max_length, max_length),
+        };
+        let slots = self.lock_cache().config().slots;
+        self.backbone.warm_passes(slots * state + 2 * prompt)
+    }
+
     /// The counters this pipeline's cache adds to.
     pub fn cache_stats(&self) -> Arc<PrefixCacheStats> {
         self.lock_cache().stats()
@@ -585,9 +604,11 @@ impl<B: MeshOps> Pipeline<B> {
                 return Err(fail(injected_device_fault()));
             }
             let (embedded, positions) = self.piece_input(ids, vision, from..to).map_err(fail)?;
+            // The previous chunk's state is dropped right after (consumed); `start` is kept.
+            let consume = state.is_some();
             let (hidden, next) = self
                 .backbone
-                .prefill_embedded(&embedded, &positions, state.as_ref().or(start), None)
+                .prefill_chunk(&embedded, &positions, state.as_ref().or(start), consume)
                 .map_err(fail)?;
             rows.extend_from_slice(&hidden.data);
             state = Some(next);

@@ -53,6 +53,8 @@ pub struct EngineStats {
     /// Each worker's device usage as it was after its last request (`MeshOps::usage`; read
     /// here, never from the mesh, so no reader waits on a device call).
     pub device_usage: Mutex<Vec<Option<clef_device::DeviceUsage>>>,
+    /// Each worker's whole passes (traced or eager) as they were after its last request.
+    pub passes: Mutex<Vec<Option<clef_device::PassStats>>>,
 }
 
 /// The queue front: submit jobs, read the counters.
@@ -126,6 +128,9 @@ impl Engine {
         let workers = pipelines.len();
         if let Ok(mut usage) = stats.device_usage.lock() {
             *usage = vec![None; workers];
+        }
+        if let Ok(mut passes) = stats.passes.lock() {
+            *passes = vec![None; workers];
         }
         let deadline = Arc::new(DeviceDeadline::new(workers, device_timeout));
         let packs = pipelines.iter().all(|p| p.packs());
@@ -252,6 +257,7 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
             if let Some((request, rule)) = warmup {
                 let t0 = Instant::now();
                 context.deadline.begin(index, Vec::new());
+                warm_passes(index, &pipeline, rule);
                 match pipeline.decide(&request, rule) {
                     Ok(_) => tracing::info!(
                         worker = index,
@@ -283,12 +289,39 @@ fn spawn_worker<B: MeshOps + Send + 'static>(
     }
 }
 
-/// Worker `index`'s device usage, kept in the stats for `/v1/models` and `/metrics`.
+/// Worker `index`'s whole passes warmed (every bucket captured as a trace on ttnn), with the
+/// time it took and the trace memory in the log; a failure is logged and leaves the passes to
+/// warm on first use.
+fn warm_passes<B: MeshOps>(index: usize, pipeline: &Pipeline<B>, rule: LengthRule) {
+    match pipeline.warm_passes(rule) {
+        Ok(Some(w)) => tracing::info!(
+            worker = index,
+            ms = w.took.as_millis() as u64,
+            buckets = ?w.stats.buckets,
+            traces = w.stats.traces,
+            trace_region_mib = w.stats.trace_region_bytes as f64 / (1u64 << 20) as f64,
+            reserved_mib = w.stats.reserved_bytes as f64 / (1u64 << 20) as f64,
+            "prefill passes traced"
+        ),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(worker = index, "tracing the prefill passes failed: {e}"),
+    }
+}
+
+/// Worker `index`'s device usage and passes, kept in the stats for `/v1/models` and
+/// `/metrics`.
 fn record_usage<B: MeshOps>(index: usize, pipeline: &Pipeline<B>, stats: &EngineStats) {
-    let usage = pipeline.backbone.mesh().usage();
+    let mesh = pipeline.backbone.mesh();
+    let usage = mesh.usage();
     if let Ok(mut all) = stats.device_usage.lock() {
         if let Some(slot) = all.get_mut(index) {
             *slot = usage;
+        }
+    }
+    let passes = mesh.pass_stats();
+    if let Ok(mut all) = stats.passes.lock() {
+        if let Some(slot) = all.get_mut(index) {
+            *slot = passes;
         }
     }
 }

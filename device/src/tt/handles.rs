@@ -14,6 +14,8 @@ pub(super) struct MeshHandle {
     pub raw: NonNull<clef_tt_mesh>,
     /// Op calls made through the C ABI on this mesh (every clone of its TtMesh counts here).
     pub op_calls: std::sync::atomic::AtomicU64,
+    /// Whole passes the shim did not take (the caller ran their layers one by one).
+    pub refused_passes: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the shim serialises the calls on one mesh and may be called from any thread.

@@ -22,6 +22,7 @@ mod handles;
 mod layers;
 mod ops;
 pub mod output;
+mod passes;
 mod shim;
 
 pub use shim::{Shim, ShimError, HOST_SHIM, TTNN_SHIM};
@@ -167,6 +168,7 @@ impl TtMesh {
             shim: shim.clone(),
             raw,
             op_calls: Default::default(),
+            refused_passes: Default::default(),
         });
         let mut devices = 0u32;
         // SAFETY: an open mesh; `devices` outlives the call.

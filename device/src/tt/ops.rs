@@ -10,8 +10,8 @@ use super::layers::{stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{
     AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu,
-    HostTensor, HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, Result, RopeSpec, RowBatch,
-    WeightBytes, WeightFormat, WeightKind,
+    HostTensor, HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats,
+    PrefillPass, Result, RopeSpec, RowBatch, WeightBytes, WeightFormat, WeightKind,
 };
 use serde_json::{json, Value};
 use std::ptr::null;
@@ -521,5 +521,21 @@ impl MeshOps for TtMesh {
             Ok(out.and_then(|v| v.into_iter().next()))
         };
         run().transpose()
+    }
+
+    // Whole passes (passes.rs).
+    fn prefill_pass(
+        &self,
+        pass: &PrefillPass<'_, TtTensor, TtWeight>,
+    ) -> Option<Result<PassOutput<TtTensor>>> {
+        self.pass_call(pass).transpose()
+    }
+
+    fn configure_passes(&self, kv_tokens: usize) -> Result<()> {
+        self.trace_configure(kv_tokens)
+    }
+
+    fn pass_stats(&self) -> Option<PassStats> {
+        self.trace_facts()
     }
 }

@@ -13,6 +13,7 @@ chips, and opening meshes exactly as the Tenstorrent port does (Tenstorrent's do
 import os
 
 from .mesh import Mesh, check_kept
+from .trace import DEFAULT_TRACE_REGION, tracing_enabled
 
 TTNN_VERSION = "0.81.1"
 
@@ -114,10 +115,15 @@ class Backend:
 
     def _open_line(self, cols, config):
         ttnn = self.ttnn
+        # Passes are replayed from traces (passes.py): a region for them unless the config
+        # names one (or tracing is off).
+        region = int(config.get("trace_region_size", 0))
+        if region == 0 and tracing_enabled():
+            region = DEFAULT_TRACE_REGION
         device = ttnn.open_mesh_device(
             mesh_shape=ttnn.MeshShape(1, int(cols)),
             l1_small_size=int(config.get("l1_small_size", 0)),
-            trace_region_size=int(config.get("trace_region_size", 0)),
+            trace_region_size=region,
             num_command_queues=int(config.get("num_command_queues", 1) or 1),
         )
         device.enable_program_cache()

@@ -211,7 +211,10 @@ class DeltaOps:
         return buffer, sems
 
     def _conv_end(self, t):
-        """The carry-returning conv's `actual_end`: a replicated UINT32 [t] (per row count)."""
+        """The carry-returning conv's `actual_end`: a replicated UINT32 [t] (per row count; in
+        a pass, passes.py, the pass's input holding its real rows)."""
+        if self.pass_ctx is not None:
+            return self.pass_ctx.actual_end
         return self.internal_once(
             ("conv_actual_end", t),
             lambda: self.host_rows(

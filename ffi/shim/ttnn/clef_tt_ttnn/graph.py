@@ -1,4 +1,5 @@
-"""ttnn's graph capture as a mesh command (`Mesh.command`, clef_tt_mesh_command): the device
+"""The mesh commands (`Mesh.command`, clef_tt_mesh_command): {"trace": ...} for the traced passes
+(passes.py `trace_command`), and ttnn's graph capture: the device
 operations between {"graph_capture": "begin"} and {"graph_capture": "end"}, counted by ttnn
 itself (the capture's function_start nodes that name a program factory; a mesh workload counts
 once), per program, with the data-movement ops and the bytes they write (their output tensors'
@@ -87,6 +88,8 @@ class GraphCommands:
 
     def command(self, request):
         """A mesh command (clef_tt_mesh_command): see the module docstring."""
+        if isinstance(request, dict) and "trace" in request:
+            return self.trace_command(request)
         capture = request.get("graph_capture") if isinstance(request, dict) else None
         graph = self.ttnn._ttnn.graph
         if capture == "begin":
@@ -94,4 +97,6 @@ class GraphCommands:
             return {}
         if capture == "end":
             return summarize(graph.end_graph_capture())
-        raise NotImplementedError("no mesh command %r (graph_capture: begin | end)" % request)
+        raise NotImplementedError(
+            "no mesh command %r (graph_capture: begin | end; trace: facts | configure)" % request
+        )

@@ -47,17 +47,24 @@ class KVPool:
         "free",
         "users",
         "spares",
+        "shared",
         "__weakref__",
     )
 
-    def __init__(self, t, cap, heads, d, dp, spares=None):
+    def __init__(self, t, cap, heads, d, dp, spares=None, shared=None):
         self.t, self.cap, self.heads, self.d, self.dp = t, cap, heads, d, dp
-        self.refs = [0] * cap
-        self.filled = [0] * cap
-        self.free = list(range(cap))
         self.users = 0
         # The mesh's spare pool tensors (SparePools), where this one goes when unused.
         self.spares = spares
+        # A pool of the passes' KV (SharedPools): the block bookkeeping shared with every
+        # other layer's pools, and the tensor kept while the mesh lives.
+        self.shared = shared
+        if shared is not None:
+            self.refs, self.filled, self.free = shared.refs, shared.filled, shared.free
+        else:
+            self.refs = [0] * cap
+            self.filled = [0] * cap
+            self.free = list(range(cap))
 
     def tensors(self):
         return [self.t] if self.t is not None else []
@@ -98,7 +105,7 @@ class KV:
         pool = self.pool
         pool.drop_blocks(self.blocks)
         pool.users -= 1
-        if pool.users == 0 and pool.t is not None:
+        if pool.users == 0 and pool.t is not None and pool.shared is None:
             if pool.spares is None or not pool.spares.keep(pool, ttnn):
                 if pool.t.is_allocated():
                     ttnn.deallocate(pool.t, force=False)
@@ -144,6 +151,81 @@ class SparePools:
         best = min(fits, key=lambda e: e[2])
         self.tensors.remove(best)
         return best[2], best[3]
+
+
+class SharedPools:
+    """The KV of passes (passes.py): per attention layer a keys and a values pool of `cap`
+    blocks at addresses fixed for the mesh's life (a trace bakes them), all sharing one block
+    bookkeeping, so every layer's handle of a sequence holds the same block ids and one page
+    table serves every layer. The last block is the trash: a bucket's pad rows are written
+    there. Out of blocks, every pool grows at once (a device copy each) and the traces that
+    read the old ones are released (passes capture them again)."""
+
+    def __init__(self, cap, heads, d, dp):
+        self.cap, self.heads, self.d, self.dp = cap, heads, d, dp
+        self.refs = [0] * cap
+        self.filled = [0] * cap
+        self.trash = cap - 1
+        self.free = list(range(cap - 1))
+        self.layers = {}
+
+    def tensors(self):
+        return [p.t for pair in self.layers.values() for p in pair]
+
+    def pools(self, mesh, layer):
+        """Layer `layer`'s (keys, values) pools, made (zeros) on first use."""
+        pair = self.layers.get(layer)
+        if pair is None:
+            pair = tuple(
+                KVPool(
+                    mesh.protect(
+                        mesh.zeros((self.cap, self.heads, KV_BLOCK, self.dp), mesh.kv_dtype()),
+                        mesh,
+                    ),
+                    self.cap,
+                    self.heads,
+                    self.d,
+                    self.dp,
+                    shared=self,
+                )
+                for _ in range(2)
+            )
+            self.layers[layer] = pair
+        return pair
+
+    def hold(self, blocks):
+        for b in blocks:
+            self.refs[b] += 1
+
+    def release(self, blocks):
+        for b in blocks:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.filled[b] = 0
+                heapq.heappush(self.free, b)
+
+    def take(self, mesh, n):
+        """`n` free block ids (the lowest first), growing every pool when too few are free."""
+        if n > len(self.free):
+            self.grow(mesh, max(2 * self.cap, self.cap + n - len(self.free)))
+        return [heapq.heappop(self.free) for _ in range(n)]
+
+    def grow(self, mesh, cap):
+        mesh.trace_release_all()
+        extra = cap - self.cap
+        for pair in self.layers.values():
+            for pool in pair:
+                rest = mesh.zeros((extra, self.heads, KV_BLOCK, self.dp), mesh.kv_dtype())
+                old = pool.t
+                pool.t = mesh.protect(mesh.concat([old, rest], 0), mesh)
+                mesh.ttnn.deallocate(old, force=True)
+                mesh.drop(rest)
+                pool.cap = cap
+        self.refs += [0] * extra
+        self.filled += [0] * extra
+        for b in range(self.cap, cap):
+            heapq.heappush(self.free, b)
+        self.cap = cap
 
 
 def _blocks(rows):
@@ -258,9 +340,12 @@ class KvCache:
         # The old handle's partial last block: in place if no one wrote past its end there.
         in_place = [base[b0]] if off and pool.filled[base[b0]] == off else []
         fresh = _blocks(r0 + t) - b0 - len(in_place)
-        if fresh > len(pool.free):
-            self._grow(pool, max(2 * pool.cap, pool.cap + fresh - len(pool.free)))
-        write = in_place + pool.take(fresh)
+        if pool.shared is not None:
+            write = in_place + pool.shared.take(self, fresh)
+        else:
+            if fresh > len(pool.free):
+                self._grow(pool, max(2 * pool.cap, pool.cap + fresh - len(pool.free)))
+            write = in_place + pool.take(fresh)
         if off:
             src = base[b0]
             prefix = self.slice(pool.t, (src, 0, 0, 0), (src + 1, heads, off, dp))

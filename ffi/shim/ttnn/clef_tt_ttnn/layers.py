@@ -107,6 +107,7 @@ class LayerOps:
             "attention": self.attention_layer,
             "delta_net": self.delta_layer,
             "mlp": self.mlp_layer,
+            "pass": self.pass_op,
         }.get(name)
         if op is None:
             _refuse(name, "no such layer op")
@@ -194,10 +195,11 @@ class LayerOps:
         return self.internal_once(("batch_keep_mask", each, width, tuple(keep)), make)
 
     # -- attention --------------------------------------------------------------------------------
-    def attention_layer(self, tensors, p, tables):
+    def attention_layer(self, tensors, p, tables, check=False):
         """tensors: h, input norm, qkv|gate, q_norm, k_norm, o_proj, keys cache, values cache.
         Returns the new residual stream, keys and values (a batched pass: the stream, then keys and
-        values per kept prefix)."""
+        values per kept prefix; in a pass, passes.py: the stream, None, None). `check`: only
+        refuse a form the op does not take (NotImplementedError), run nothing."""
         h, norm, qkv, qn, kn, o_proj, ck, cv = tensors
         heads, kvh, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
         self._bf16_only("attention")
@@ -223,6 +225,8 @@ class LayerOps:
                 "attention",
                 "qkv %d columns for %d heads, %d kv heads x %d" % (qkv[0].cols, heads, kvh, d),
             )
+        if check:
+            return None
         caches = [None if c is None else self.as_kv(c, kvh) for c in (ck, cv)]
         ttnn, call, dram = self.ttnn, self.tt.call, self.dram
         config = p["config"]
@@ -277,6 +281,11 @@ class LayerOps:
                     c[0].release(ttnn)
             if own:
                 o = self._from_blocks(o)
+        elif self.pass_ctx is not None:
+            # A pass (passes.py): K and V into the passes' pools through the pass's page table,
+            # SDPA from its start tensor; its KV handles are made by the pass.
+            o = self.pass_ctx.attend(self, q, k, v, d, sublayer(ttnn, config))
+            keys = values = None
         else:
             keys, values = [
                 self.append_heads(None if c is None else c[0], new, kvh, d)
@@ -384,10 +393,11 @@ class LayerOps:
 
         return self.internal_once(("gate_selection", nv, which), make)
 
-    def delta_layer(self, tensors, p, tables):
+    def delta_layer(self, tensors, p, tables, check=False):
         """tensors: h, input norm, in_proj, conv, A_log, dt_bias, gated norm, out_proj, conv
         carry, recurrent state. Returns the new residual stream, conv carry and state (a
-        batched pass: the stream, then conv carry and state per kept prefix)."""
+        batched pass: the stream, then conv carry and state per kept prefix). `check`: only
+        refuse a form the op does not take, run nothing."""
         h, norm, in_proj, conv, a_log, dt_bias, gnorm, out_proj, carry, state = tensors
         nk, nv = int(p["key_heads"]), int(p["value_heads"])
         dk, dv = int(p["key_dim"]), int(p["value_dim"])
@@ -418,6 +428,8 @@ class LayerOps:
             )
         if in_proj[0].cols != ch + vd + 2 * nv:
             _refuse("delta_net", "in_proj of %d columns" % in_proj[0].cols)
+        if check:
+            return None
         ttnn, call, dram, fp32 = self.ttnn, self.tt.call, self.dram, self.ttnn.float32
         config = p["config"]
         x = self._input_norm(h, norm, float(p["eps"]), config)
@@ -496,6 +508,9 @@ class LayerOps:
             self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
         )
         self.drop(sp)
+        if self.pass_ctx is not None:
+            # A pass's pad rows (passes.py) leave the state as it is: g = 0, beta = 0 there.
+            g, beta = self.pass_ctx.masked_gates(self, g, beta)
         gates = [self.reshape(self.pad_end(a, 2, tp), (count, each, nv)) for a in (g, beta)]
         if batch:
             q, k, v = [self.reshape(a, (count, each, self.shape(a)[-1])) for a in (q, k, v)]
@@ -625,8 +640,9 @@ class LayerOps:
         return states
 
     # -- MLP --------------------------------------------------------------------------------------
-    def mlp_layer(self, tensors, p, tables):
-        """tensors: h, post-attention norm, gate|up, down. Returns the new residual stream."""
+    def mlp_layer(self, tensors, p, tables, check=False):
+        """tensors: h, post-attention norm, gate|up, down. Returns the new residual stream.
+        `check`: only refuse a form the op does not take, run nothing."""
         h, norm, gate_up, down = tensors
         self._bf16_only("mlp")
         half = gate_up[0].cols // 2
@@ -634,6 +650,8 @@ class LayerOps:
             _refuse(
                 "mlp", "gate|up of %d columns, down of %d rows" % (gate_up[0].cols, down[0].rows)
             )
+        if check:
+            return None
         ttnn, call, config = self.ttnn, self.tt.call, p["config"]
         t = h[0].rows
         x = self._input_norm(h, norm, float(p["eps"]), config)

@@ -22,9 +22,12 @@ from .kv_cache import KV, KvCache, SparePools
 from .layers import LayerOps
 from .meta import ACTIVATION, BF16, DTYPE_NAMES, F32, MATRIX, VECTOR, as_meta
 from .meta import describe as meta_text
+from .passes import PassOps
+from .persistent import View
 from .programs import eltwise_cores
 from .tensors import DT, Helpers
 from .text_ops import TextOps
+from .trace import Traces
 from .transfers import Transfers, tt_dtype
 from .vision import VisionOps
 
@@ -68,7 +71,17 @@ def check_kept(config):
 
 
 class Mesh(
-    Helpers, Transfers, KvCache, Attention, TextOps, DeltaOps, VisionOps, LayerOps, GraphCommands
+    Helpers,
+    Transfers,
+    KvCache,
+    Attention,
+    TextOps,
+    DeltaOps,
+    VisionOps,
+    LayerOps,
+    PassOps,
+    Traces,
+    GraphCommands,
 ):
     """An opened 1xN mesh; methods named as DeviceMesh's. Tensor arguments are (meta, obj)
     pairs; results are the objects the bridge keeps for the core's handles."""
@@ -101,6 +114,8 @@ class Mesh(
         self.owned = weakref.WeakValueDictionary()
         self._live = weakref.WeakSet()
         self.closed = False
+        self.passes_init()
+        self.traces_init()
         if golden_enabled():
             from .golden import install
 
@@ -118,6 +133,10 @@ class Mesh(
         out = [e[3] for e in self.kv_spares.tensors]
         for v in self.internal.values():
             out.extend(v if isinstance(v, tuple) else (v,))
+        out.extend(self.pass_tensors.values())
+        out.extend(self.live.tensors())
+        if self.kv_shared is not None:
+            out.extend(self.kv_shared.tensors())
         return out
 
     def track(self, obj):
@@ -210,8 +229,17 @@ class Mesh(
                     % (meta_text(meta), obj.rows, p.heads, p.d)
                 )
             return
+        if isinstance(obj, DT) and obj._t is None and obj.pending is not None:
+            # An upload still on the host (tensors.DT): its arrays have the shape.
+            a = obj.pending[1][0]
+            if tuple(a.shape)[-2:] != (meta.rows, meta.cols) or meta.role != ACTIVATION:
+                raise ValueError("result check: %s, got host rows %s" % (meta_text(meta), a.shape))
+            return
         t = obj.t
         shape = tuple(int(d) for d in t.shape)
+        if isinstance(obj, View):
+            # A pass's output: the first rows of its bucket's persistent rows.
+            shape = shape[:2] + (obj.rows,) + shape[3:]
         if meta.role == MATRIX:
             layout, dtypes = ttnn.TILE_LAYOUT, (tt_dtype(ttnn, meta.dtype),)
         elif meta.role == VECTOR:
@@ -257,6 +285,13 @@ class Mesh(
             return
         self.closed = True
         ttnn = self.ttnn
+        self.trace_release_all()
+        persistent = list(self.pass_tensors.values()) + self.live.tensors()
+        if self.kv_shared is not None:
+            persistent += self.kv_shared.tensors()
+        for t in persistent:
+            if t.is_allocated():
+                ttnn.deallocate(t, force=True)
         for key in list(self.internal):
             self.drop_internal(key)
         for entry in self.kv_spares.tensors:

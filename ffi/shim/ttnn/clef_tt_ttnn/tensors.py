@@ -19,25 +19,49 @@ from .meta import TILE_SIZE
 
 
 class DT:
-    """One ABI tensor held as one ttnn mesh tensor (see the module docstring)."""
+    """One ABI tensor held as one ttnn mesh tensor (see the module docstring). An uploaded
+    activation stays on the host until an op reads it (`pending`: the mesh and its host
+    arrays): a pass (passes.py) writes it straight into its persistent input instead."""
 
-    __slots__ = ("t", "host", "derived", "__weakref__")
+    __slots__ = ("_t", "host", "derived", "pending", "__weakref__")
 
-    def __init__(self, t, host=None):
-        self.t = t
+    def __init__(self, t, host=None, pending=None):
+        self._t = t
         self.host = host
         self.derived = {}
+        self.pending = pending
+
+    @property
+    def t(self):
+        if self._t is None and self.pending is not None:
+            mesh, arrays = self.pending
+            self.pending = None
+            self._t = mesh.protect(
+                mesh.host_rows(arrays, mesh.act_dtype, mesh.ttnn.TILE_LAYOUT), self
+            )
+        return self._t
+
+    @t.setter
+    def t(self, value):
+        self._t = value
+
+    def host_values(self):
+        """The replicated host values of an upload no op has read yet, else None."""
+        if self._t is None and self.pending is not None and len(self.pending[1]) == 1:
+            return self.pending[1][0]
+        return None
 
     def tensors(self):
         """Every device tensor this ABI tensor holds."""
-        return [self.t] + list(self.derived.values())
+        return ([self._t] if self._t is not None else []) + list(self.derived.values())
 
     def release(self, ttnn):
         # force=False: a buffer another tensor still views (a reshape view) stays alive.
         for t in self.tensors():
             if t is not None and t.is_allocated():
                 ttnn.deallocate(t, force=False)
-        self.t = None
+        self._t = None
+        self.pending = None
         self.derived = {}
 
 

@@ -221,7 +221,10 @@ class TextOps:
     def rope_tables(self, tables, full):
         """Device cos and sin of the core's host tables [T, half] (cached for the next call with
         the same tables: the q and k of one layer). full: HF form [1, 1, T, 2*half] (each table
-        twice, as rotary_embedding_hf takes it); else [1, T, 1, half] rows broadcast over heads."""
+        twice, as rotary_embedding_hf takes it); else [1, T, 1, half] rows broadcast over heads.
+        In a pass (passes.py): the pass's input tables."""
+        if self.pass_ctx is not None and full:
+            return self.pass_ctx.rope
         last = self._rope_last.get(full)
         if last is not None and last[0] is tables and all(t.is_allocated() for t in last[1]):
             # The bridge passes the same tables object while they are the same (its cache).

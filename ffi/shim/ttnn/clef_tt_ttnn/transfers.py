@@ -21,10 +21,12 @@ import numpy as np
 
 from .kv_cache import KV
 from .meta import (
+    ACTIVATION,
     BF16,
     BFP4_B,
     BFP8_B,
     F32,
+    KV_BLOCK,
     MATRIX,
     PARTIAL,
     REPLICATED,
@@ -34,6 +36,8 @@ from .meta import (
     packed_bytes,
     stored_bytes,
 )
+from .persistent import LiveState
+from .tensors import DT
 
 _headers = {}
 
@@ -153,7 +157,10 @@ class Transfers:
             t = self.host_rows(arrays, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
             host = [a.reshape(meta.rows, meta.cols).copy() for a in arrays]
             return self.wrap(t, host=host)
-        return self.wrap(self.host_rows(arrays, self.act_dtype, ttnn.TILE_LAYOUT))
+        # An activation goes to the device when an op first reads it (tensors.DT).
+        d = DT(None, pending=(self, [np.array(a, np.float32) for a in arrays]))
+        self._live.add(d)
+        return d
 
     def _device_part(self, t, device):
         """Device `device`'s shard of mesh tensor `t`, read back to the host."""
@@ -190,6 +197,10 @@ class Transfers:
         if shadow is not None:
             # The golden-shadow mode (golden/): the values ttnn's golden functions computed.
             a = np.asarray(shadow.values(t, device), dtype=np.float32).reshape(-1)
+        elif t.dtype in (ttnn.bfloat16, ttnn.float32) and t.layout == ttnn.ROW_MAJOR_LAYOUT:
+            # Rows already untilized on the device (a pass's output, passes.py).
+            a = host_view(self._device_part(t, device))
+            a = a.view(np.uint16 if t.dtype == ttnn.bfloat16 else np.float32)
         elif t.dtype in (ttnn.bfloat16, ttnn.float32) and t.layout == ttnn.TILE_LAYOUT:
             rm = self.tt.call(
                 "to_layout", ttnn.to_layout, t, ttnn.ROW_MAJOR_LAYOUT, memory_config=self.dram
@@ -231,7 +242,14 @@ class Transfers:
         return (pages + banks - 1) // banks * banks * page
 
     def device_bytes(self, meta, obj):
-        """Device memory of all parts together (a paged KV cache: its whole pool)."""
+        """Device memory of all parts together (a paged KV cache: its whole pool, or its own
+        blocks of the passes' shared pools; a pass's DeltaNet state: its live buffer's size)."""
+        if isinstance(obj, KV) and obj.pool.shared is not None:
+            p = obj.pool
+            block = KV_BLOCK * p.heads * p.dp * 2
+            return len(obj.blocks) * block * self.n
+        if isinstance(obj, LiveState):
+            return self.footprint(obj.live.buffer(obj.layer, obj.which)) * self.n
         ts = obj.tensors()
         return sum(self.footprint(t) for t in ts) * self.n
 
@@ -273,4 +291,7 @@ class Transfers:
         dropping the last reference has the same effect later)."""
         if obj is None:
             return
+        if meta is not None and as_meta(meta).role != ACTIVATION and self.traces:
+            # A weight traces read is going: they go first.
+            self.trace_release_all()
         obj.release(self.ttnn)

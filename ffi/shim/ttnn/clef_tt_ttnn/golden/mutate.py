@@ -24,6 +24,9 @@ never takes:
               block's final one. Only a hit of that state sees it; the tiny model's answers move
               ~1e-3, inside the bf16 band, so tests/tt_golden.rs holds these to a tolerance of
               their own (`KEPT_TOLERANCE`).
+- stale_input: a traced pass (passes.py) does not write its rows into the persistent input
+              before a replay: the trace reads the rows of the pass before. Only replays see
+              it (the first pass of a bucket runs eagerly, the second is captured).
 """
 
 import types
@@ -94,6 +97,18 @@ def _keep_unmasked(mesh):
     mesh._keep_mask = types.MethodType(keep_mask, mesh)
 
 
+def _stale_input(mesh):
+    plain = mesh._write
+
+    def write(self, t, array, dtype, layout):
+        ctx = self.pass_writing
+        if ctx is not None and ctx.replaying and t is ctx.rows_in:
+            return
+        plain(t, array, dtype, layout)
+
+    mesh._write = types.MethodType(write, mesh)
+
+
 MUTATIONS = {
     "gate_sign": _gate_sign,
     "raw_gamma": _raw_gamma,
@@ -101,6 +116,7 @@ MUTATIONS = {
     "qk_swap": _qk_swap,
     "vision_pad": _vision_pad,
     "keep_unmasked": _keep_unmasked,
+    "stale_input": _stale_input,
 }
 
 

@@ -284,6 +284,22 @@ def qkv_causal_conv1d_silu(sh, name, fn, args, kwargs, result):
         sh.set(r, values, name)
 
 
+def copy(sh, name, fn, args, kwargs, result):
+    """ttnn.copy(a, b): b's buffer takes a's values, in b's dtype (in place)."""
+    src, dst = args[:2]
+    sh.set(dst, [sh.twin(src, d) for d in range(sh.n)], name)
+
+
+def copy_host_to_device_tensor(sh, name, fn, args, kwargs, result):
+    """A host tensor's values written into a device tensor's buffer (in place)."""
+    host, dst = args[:2]
+    values = list(sh.twins(host))
+    sh.forget_host(host)
+    if len(values) == 1:
+        values = values * sh.n
+    sh.set(dst, values, name)
+
+
 def not_a_tensor(sh, name, fn, args, kwargs, result):
     """A call that makes no tensor (a global semaphore): nothing to shadow."""
 
@@ -376,6 +392,8 @@ HANDLERS = {
     "to_device": ("own", to_device),
     "from_device": ("own", from_device),
     "deallocate": ("own", deallocate),
+    "copy": ("own", copy),
+    "copy_host_to_device_tensor": ("own", copy_host_to_device_tensor),
     "experimental.nlp_concat_heads": ("own", nlp_concat_heads),
     "experimental.rotary_embedding_hf": ("own", rotary_embedding_hf),
     "experimental.paged_fill_cache": ("own", paged_fill_cache),

@@ -14,6 +14,25 @@ class ShadowError(RuntimeError):
     """A tensor without a twin, an op without a shadow, or a shadow of the wrong shape."""
 
 
+class Frozen:
+    """A device tensor as a call recorded in a trace capture saw it: its twin's key and what
+    the shadows read of it (shape, dtype, layout). The recorded call runs again on every replay
+    (trace.py), when the tensor object itself is long gone; its buffer is still where the
+    captured commands read and write."""
+
+    __slots__ = ("key", "shape", "dtype", "layout")
+
+    def __init__(self, key, t):
+        self.key = key
+        self.shape, self.dtype, self.layout = t.shape, t.dtype, t.layout
+
+    def buffer_address(self):
+        return self.key[0]
+
+    def is_allocated(self):
+        return True
+
+
 class Shadow:
     """Twins of one mesh's tensors; called by the mesh's Dispatcher after every ttnn call."""
 
@@ -28,15 +47,19 @@ class Shadow:
         self._host = {}  # id(host tensor) -> (tensor, [torch tensor per shard])
         self.calls = {}  # op name -> ("golden" | "own", calls, host seconds)
         self.pending_free = {}  # id(tensor) -> its key, taken just before a deallocate
+        # The calls of an open trace capture (trace.py), or None.
+        self.recording = None
 
     # -- keys and twins ---------------------------------------------------------------------------
     def is_tensor(self, x):
-        return isinstance(x, self.ttnn.Tensor)
+        return isinstance(x, (self.ttnn.Tensor, Frozen))
 
     def on_device(self, t):
-        return self.ttnn.is_tensor_storage_on_device(t)
+        return isinstance(t, Frozen) or self.ttnn.is_tensor_storage_on_device(t)
 
     def key(self, t):
+        if isinstance(t, Frozen):
+            return t.key
         return (
             int(t.buffer_address()),
             tuple(int(d) for d in t.shape),
@@ -135,10 +158,60 @@ class Shadow:
         if handler is None:
             raise ShadowError("golden shadow: no golden function or shadow for ttnn op %r" % name)
         kind, body = handler
+        if self.recording is not None:
+            # Inside a trace capture: recorded, computed at every replay (see begin_capture).
+            self._record(name, fn, args, kwargs, result)
+            return
         t0 = time.perf_counter()
         body(self, name, fn, args, kwargs, result)
         calls, seconds = self.calls.get(name, (kind, 0, 0.0))[1:]
         self.calls[name] = (kind, calls + 1, seconds + time.perf_counter() - t0)
+
+    # -- trace capture and replay -----------------------------------------------------------------
+    def _freeze(self, x):
+        if isinstance(x, self.ttnn.Tensor) and self.on_device(x):
+            return Frozen(self.key(x), x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._freeze(e) for e in x)
+        if isinstance(x, dict):
+            return {k: self._freeze(v) for k, v in x.items()}
+        return x
+
+    def _record(self, name, fn, args, kwargs, result):
+        if name == "deallocate":
+            key = self.pending_free.pop(id(args[0]), None)
+            if key is not None and not args[0].is_allocated():
+                self.recording.append((name, fn, key, None, None))
+            return
+        self.recording.append(
+            (name, fn, self._freeze(args), self._freeze(kwargs), self._freeze(result))
+        )
+
+    def begin_capture(self):
+        """A trace capture starts: from here every call is recorded and not computed. On chips
+        a capture computes nothing either (its commands are only recorded): the replays do."""
+        if self.recording is not None:
+            raise ShadowError("golden shadow: a trace capture inside another")
+        self.recording = []
+
+    def end_capture(self):
+        """The calls recorded since `begin_capture`."""
+        calls, self.recording = self.recording, None
+        return calls or []
+
+    def replay(self, calls):
+        """A trace replay: every recorded call again, from the twins its tensors' buffers hold
+        now (the persistent inputs as the host last wrote them), writing its results' twins."""
+        for name, fn, args, kwargs, result in calls:
+            if name == "deallocate":
+                self._dev.pop(args, None)
+                continue
+            kind, body = ops.HANDLERS[name]
+            t0 = time.perf_counter()
+            body(self, name, fn, args, kwargs, result)
+            label = "%s (replayed)" % name
+            calls_, seconds = self.calls.get(label, (kind, 0, 0.0))[1:]
+            self.calls[label] = (kind, calls_ + 1, seconds + time.perf_counter() - t0)
 
     def report(self):
         """One line per op: golden or own shadow, calls, host seconds of the shadow."""

@@ -1,0 +1,197 @@
+"""ttnn traces of a mesh (a mesh mixin): capture a run of ops once, replay it with no host work
+per op. passes.py captures whole prefill passes this way.
+
+A trace is the device commands of a sequence of ops, recorded by `ttnn.begin_trace_capture` /
+`end_trace_capture` and run again by `ttnn.execute_trace`. Everything an op was given is baked
+into its commands: buffer addresses, shapes, scalars. So a traced run reads its inputs from
+persistent device tensors allocated before the capture, which the host rewrites before each
+replay (never inside a capture: chips refuse host writes, reads and program loads there, and
+so does the mock kit, ffi/ttnn-mock), and its results land where the capture put them.
+
+Intermediates. The ops of a capture allocate and free their intermediates as they do eagerly;
+the addresses they got are baked into the trace, which writes them on every replay. A device
+buffer allocated after the capture at such an address would be overwritten by the next replay
+(tt-metal warns: "Allocating device buffers is potentially unsafe due to the existence of an
+active trace"). So right after a capture, every DRAM range the capture allocated is taken by a
+placeholder tensor (a "plug") held as long as the trace: nothing allocated later can land
+there. The ranges come from ttnn's own graph capture, run around the trace capture, which
+reports every buffer allocation (address per bank and size), the ones ops make inside
+themselves too. ttnn allocates first fit, bottom up, at the same address in every bank, so a
+placeholder of a freed range's size lands exactly on it: each plug's address is checked, and a
+trace whose ranges cannot all be plugged is released (its pass runs eagerly).
+
+Golden shadow (CLEF_TT_GOLDEN=1): a capture records its calls instead of computing them (on
+chips a capture computes nothing either) and every replay computes them again from the twins
+its buffers hold (golden/shadow.py), so a replayed pass has numbers, and a replay bug (an input
+not rewritten, a result read from the wrong buffer) changes them.
+
+`CLEF_TT_TRACE=0` turns tracing off (the passes run op by op).
+"""
+
+import os
+import time
+
+# Trace region of a mesh (bytes per device) when the opening config names none and tracing is
+# on: room for the traces of every prefill bucket of Clef 27B (measured in docs/tenstorrent.md).
+DEFAULT_TRACE_REGION = 512 << 20
+
+
+def tracing_enabled():
+    return os.environ.get("CLEF_TT_TRACE", "1") != "0"
+
+
+class Trace:
+    """One captured trace: its id, what it was captured for, the golden calls it replays (in
+    golden-shadow mode), its placeholders and its statistics."""
+
+    __slots__ = ("key", "tid", "calls", "plugs", "plug_bytes", "ops", "replays", "capture_s")
+
+    def __init__(self, key, tid):
+        self.key, self.tid = key, tid
+        self.calls, self.plugs, self.plug_bytes = None, [], 0
+        self.ops, self.replays, self.capture_s = 0, 0, 0.0
+
+
+class TraceError(RuntimeError):
+    """A capture that could not be made safe (its pass runs eagerly instead)."""
+
+
+class Traces:
+    """capture / replay / release of ttnn traces (mesh mixin)."""
+
+    def traces_init(self):
+        self.traces = {}
+        self.trace_counts = {"captures": 0, "replays": 0, "released": 0}
+
+    def trace_capture(self, key, run):
+        """Capture `run()` (its ops dispatched into a trace, nothing computed), plug the ranges
+        its intermediates used, and keep the trace under `key`. Returns (trace, what run
+        returned). Raises what the capture raised (the trace released, nothing kept)."""
+        ttnn = self.ttnn
+        graph = ttnn._ttnn.graph
+        shadow = self.tt.shadow
+        t0 = time.perf_counter()
+        calls0 = self.tt.total_calls()
+        graph.begin_graph_capture(graph.RunMode.NORMAL)
+        tid = ttnn.begin_trace_capture(self.device, cq_id=0)
+        if shadow is not None:
+            shadow.begin_capture()
+        try:
+            try:
+                out = run()
+            finally:
+                ttnn.end_trace_capture(self.device, tid, cq_id=0)
+                if shadow is not None:
+                    recorded = shadow.end_capture()
+                nodes = graph.end_graph_capture()
+        except BaseException:
+            ttnn.release_trace(self.device, tid)
+            raise
+        trace = Trace(key, tid)
+        trace.calls = recorded if shadow is not None else None
+        trace.ops = self.tt.total_calls() - calls0
+        try:
+            self._plug(trace, nodes)
+        except BaseException:
+            self._unplug(trace)
+            ttnn.release_trace(self.device, tid)
+            raise
+        trace.capture_s = time.perf_counter() - t0
+        self.traces[key] = trace
+        self.trace_counts["captures"] += 1
+        return trace, out
+
+    def trace_replay(self, trace):
+        """Run `trace` on the devices (and its golden calls on the twins)."""
+        self.ttnn.execute_trace(self.device, trace.tid, cq_id=0, blocking=False)
+        if trace.calls is not None:
+            self.tt.shadow.replay(trace.calls)
+        trace.replays += 1
+        self.trace_counts["replays"] += 1
+
+    def trace_release(self, key):
+        trace = self.traces.pop(key, None)
+        if trace is None:
+            return
+        self.ttnn.release_trace(self.device, trace.tid)
+        self._unplug(trace)
+        self.trace_counts["released"] += 1
+
+    def trace_release_all(self):
+        for key in list(self.traces):
+            self.trace_release(key)
+
+    def trace_facts(self):
+        """{"traces", "captures", "replays", "released", "trace_region_bytes" (the TRACE
+        region's allocated bytes per device, the allocator's count), "plug_bytes" (per device:
+        the DRAM the traces' intermediates keep)}."""
+        view = self.ttnn.get_memory_view(self.device, self.ttnn.BufferType.TRACE)
+        return {
+            "traces": len(self.traces),
+            **self.trace_counts,
+            "trace_region_bytes": int(view.total_bytes_allocated_per_bank) * int(view.num_banks),
+            "plug_bytes": sum(t.plug_bytes for t in self.traces.values()),
+        }
+
+    # -- placeholders ---------------------------------------------------------------------------
+    def _captured_ranges(self, nodes):
+        """Per-bank DRAM address ranges [start, end) the capture allocated and freed (merged
+        where they touch), from the graph capture's buffer_allocate / buffer_deallocate nodes
+        (buffer_type 0: DRAM; the trace buffer itself, type 4, lives in the trace region).
+        TraceError when a buffer allocated inside the capture outlives it: freed later, its
+        range would be reused while replays write it."""
+        live, spans = {}, []
+        for node in nodes:
+            kind = node.get("node_type")
+            if kind not in ("buffer_allocate", "buffer_deallocate"):
+                continue
+            params = node.get("params") or {}
+            if int(params.get("buffer_type", -1)) != 0 or int(params.get("device_id", 0)) != 0:
+                continue
+            address = int(params["address"])
+            if kind == "buffer_allocate":
+                live[address] = address + int(params["max_size_per_bank"])
+            elif address in live:
+                spans.append((address, live.pop(address)))
+        if live:
+            raise TraceError(
+                "%d device buffer(s) made inside a trace capture outlive it (at %s)"
+                % (len(live), sorted(live)[:4])
+            )
+        spans.sort()
+        merged = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return merged
+
+    def _plug(self, trace, nodes):
+        """Take every range the capture allocated with a placeholder (see the module
+        docstring); TraceError when one lands elsewhere."""
+        ttnn = self.ttnn
+        align = 64
+        for a, b in self._captured_ranges(nodes):
+            size = -(-(b - a) // align) * align
+            rows = size // align * self.dram_banks
+            plug = ttnn.allocate_tensor_on_device(
+                ttnn.Shape([1, 1, rows, align // 2]),
+                ttnn.bfloat16,
+                ttnn.ROW_MAJOR_LAYOUT,
+                self.device,
+                self.dram,
+            )
+            trace.plugs.append(plug)
+            trace.plug_bytes += self.footprint(plug)
+            if int(plug.buffer_address()) != a:
+                raise TraceError(
+                    "a trace's intermediates at %d..%d could not be reserved (the placeholder "
+                    "landed at %d)" % (a, b, int(plug.buffer_address()))
+                )
+
+    def _unplug(self, trace):
+        for plug in trace.plugs:
+            if plug.is_allocated():
+                self.ttnn.deallocate(plug, force=True)
+        trace.plugs, trace.plug_bytes = [], 0
