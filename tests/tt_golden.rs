@@ -47,6 +47,9 @@ mod common;
 // `cached+` / `cached+-` of the child: prefix-cache hits and misses in packs.
 #[path = "tt_golden/cached_packs.rs"]
 mod cached_packs;
+// `DIR=` of the child: replayed passes against the same passes run eagerly.
+#[path = "tt_golden/traced.rs"]
+mod traced;
 
 use clef_device::tt::{MeshPlacement, Shim, TtMesh};
 use clef_device::MeshShape;
@@ -202,9 +205,10 @@ fn every_golden_is_within_the_bf16_band_through_ttnn_golden_functions() {
     // bfp8_b vision tower leaves it on the CPU mesh too (img_wide_1024x96_text: 0.061), and
     // tests/media.rs holds only the bf16 profile's media goldens to it.
     // `cached+-` before `goldens+-`: the first refused batch turns packing off for good.
-    let spec = "bf16:goldens,goldens-media,cached+-,goldens+-;selected:goldens,goldens-media~;\
-                tiny-clef-g27/bf16:goldens,goldens-media,goldens+,goldens-media+,cached+;\
-                tiny-clef-g27/selected:goldens";
+    let spec = "bf16:goldens,goldens-media,goldens=,goldens-media=,cached+-,goldens+-;\
+                selected:goldens,goldens-media~;\
+                tiny-clef-g27/bf16:goldens,goldens-media,goldens=,goldens-media=,goldens+,\
+                goldens-media+,cached+;tiny-clef-g27/selected:goldens";
     let first_log = scratch("plain").join("first-attempt-output.txt");
     // An earlier run's first attempt is not this run's.
     let _ = std::fs::remove_file(&first_log);
@@ -267,6 +271,7 @@ fn a_changed_op_convention_leaves_the_band() {
         ("qk_swap", "tiny-clef-g27/bf16:goldens"),
         ("vision_pad", "tiny-clef-g27/bf16:goldens-media"),
         ("keep_unmasked", "tiny-clef-g27/bf16:cached+"),
+        ("stale_input", "tiny-clef-g27/bf16:goldens="),
     ] {
         let (ok, text) = run_child(spec, Some(mutation));
         eprintln!("{mutation}: {}", scores(&text));
@@ -275,7 +280,9 @@ fn a_changed_op_convention_leaves_the_band() {
             "with the mutation {mutation} the goldens still passed:\n{text}"
         );
         assert!(
-            text.contains("outside the bf16 band") || text.contains("outside the kept-state"),
+            text.contains("outside the bf16 band")
+                || text.contains("outside the kept-state")
+                || text.contains("differ from the eager"),
             "the run with the mutation {mutation} failed otherwise than by its answers:\n{text}"
         );
     }
@@ -471,6 +478,45 @@ fn child_scores_the_goldens() {
             TtMesh::open(&shim, MeshPlacement::direct(MeshShape::PAIR), n).unwrap()
         });
         for dir in dirs.split(',') {
+            if let Some(dir) = dir.strip_suffix('=') {
+                let set = dir.trim_start_matches("goldens").trim_start_matches('-');
+                let label = format!(
+                    "{fixture_label}{profile} {} replayed",
+                    if set.is_empty() { "text" } else { set }
+                );
+                let at = format!("{fixture}/{dir}");
+                let (records, replayed, bad) = traced::run(
+                    &pipeline,
+                    &jsonl(&at, "requests.jsonl"),
+                    &jsonl(&at, "expected_bf16.jsonl"),
+                    &label,
+                );
+                let runs = fixture != "tiny-clef";
+                println!(
+                    "golden-shadow {label}: {records} records, {replayed} passes replayed, {} \
+                     differing from the eager passes",
+                    bad.len()
+                );
+                let mut bad = bad;
+                if runs != (replayed > 0) {
+                    bad.push(format!(
+                        "{label}: {replayed} passes replayed, expected {}",
+                        if runs {
+                            "some"
+                        } else {
+                            "none (layer by layer)"
+                        }
+                    ));
+                }
+                for b in &bad {
+                    println!("golden-shadow FAILED {b}");
+                }
+                failures.extend(bad);
+                if mutated && !failures.is_empty() {
+                    break 'profiles;
+                }
+                continue;
+            }
             if let Some(form) = dir.strip_prefix("cached+") {
                 let label = format!("{fixture_label}{profile} cached packs");
                 let bad;

@@ -4,7 +4,7 @@
 //! dispatching its ~1,600 device ops one by one; the layer ops it is made of stay the
 //! definition, and a backend that does not run a pass leaves the caller to run the layers.
 
-use crate::{AttentionSpec, DeltaNetSpec, HostTensor, RopeSpec};
+use crate::{AttentionSpec, DeltaNetSpec, HostTensor, RopeSpec, RowBatch};
 
 /// A layer's mixer sublayer in a pass: its weights, the state it continues (absent at a
 /// sequence's start) and its shape, as the layer op takes it (without the residual stream).
@@ -60,10 +60,15 @@ pub struct PrefillPass<'a, T, W> {
     /// The caller drops the states it passes as soon as the pass returns (the previous
     /// chunk's own): the backend may overwrite them in place instead of keeping them.
     pub consume: bool,
+    /// A batched pass ([`RowBatch`]: requests in blocks, `rows` holding every block): fresh
+    /// (no layer state given), keeping the state of each request's first `keep[i]` rows, or
+    /// every block continuing the layers' states (hits of one prefix-cache slot).
+    pub batch: Option<&'a RowBatch>,
 }
 
-/// A pass's final rows `[T, hidden]` and every layer's new state: keys and values, or conv
-/// carry and recurrent state.
+/// A pass's final rows `[T, hidden]` and the states it leaves, layer by layer: keys and values,
+/// or conv carry and recurrent state; one per layer, or for a batch one per kept prefix of
+/// each layer (none for a batch that keeps none).
 pub struct PassOutput<T> {
     pub hidden: HostTensor,
     pub states: Vec<[T; 2]>,
@@ -72,11 +77,15 @@ pub struct PassOutput<T> {
 /// What a backend's passes did since it opened.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PassStats {
+    /// Whether passes are captured and replayed (the shim's trace mode is "traced").
+    pub tracing: bool,
     /// Passes replayed from a trace.
     pub traced: u64,
     /// Passes whose ops were dispatched one by one, by reason ("warming": the first of its
     /// shape, which caches the programs a capture needs; "untraceable"; "tracing off").
     pub eager: Vec<(String, u64)>,
+    /// Forms of pass seen (each runs eagerly once, "warming", then is captured).
+    pub forms: u64,
     /// Traces held, captured, replayed and released.
     pub traces: u64,
     pub captures: u64,

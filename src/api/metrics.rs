@@ -246,7 +246,13 @@ fn render_passes(out: &mut String, passes: &[clef_device::PassStats]) {
             );
         }
     }
-    let gauges: [(&str, &str, fn(&clef_device::PassStats) -> u64); 3] = [
+    type Gauge = (&'static str, &'static str, fn(&clef_device::PassStats) -> u64);
+    let gauges: [Gauge; 4] = [
+        (
+            "clef_prefill_forms",
+            "Forms of prefill pass a worker's mesh has seen (each runs eagerly once, then from its trace).",
+            |p| p.forms,
+        ),
         (
             "clef_traces",
             "Prefill traces a worker's mesh holds.",

@@ -140,7 +140,15 @@ impl<B: MeshOps> Backbone<B> {
         let positions = Self::batch_positions(requests, batch.each);
         let m = &self.mesh;
         let eps = self.config.rms_norm_eps;
-        let mut h = m.replicate(&HostTensor::new(batch.rows(), hidden, padded))?;
+        let rows_in = HostTensor::new(batch.rows(), hidden, padded);
+        // The whole pass in one call where the mesh runs it (traced on ttnn).
+        if let Some(done) = self.batched_pass(&rows_in, &positions, &batch, start) {
+            let (all, kept) = done?;
+            return Ok(Self::batched_rows(
+                all, &lengths, &batch, keep, hidden, kept,
+            ));
+        }
+        let mut h = m.replicate(&rows_in)?;
         let mut untraced = |_: String, _: &dyn Fn() -> Result<HostTensor, _>| {};
         // Each kept prefix's layer states, in request order.
         let kept = batch.kept().count();
@@ -182,6 +190,20 @@ impl<B: MeshOps> Backbone<B> {
         }
         let y = m.rms_norm(&h, &self.final_norm, hidden, eps, true)?;
         let all = m.gather(&y, GatherAxis::Cols)?;
+        Ok(Self::batched_rows(
+            all, &lengths, &batch, keep, hidden, states,
+        ))
+    }
+
+    /// Each request's final rows out of its block, in order, and each kept prefix's state.
+    fn batched_rows(
+        all: HostTensor,
+        lengths: &[usize],
+        batch: &RowBatch,
+        keep: &[usize],
+        hidden: usize,
+        states: Vec<Vec<LayerState<B::Tensor>>>,
+    ) -> Batched<B::Tensor> {
         let mut rows = Vec::with_capacity(lengths.iter().sum::<usize>() * hidden);
         for (i, n) in lengths.iter().enumerate() {
             let at = i * batch.each * hidden;
@@ -197,9 +219,6 @@ impl<B: MeshOps> Backbone<B> {
                 })
             })
             .collect();
-        Ok(Batched::Rows(
-            HostTensor::new(rows.len() / hidden, hidden, rows),
-            kept,
-        ))
+        Batched::Rows(HostTensor::new(rows.len() / hidden, hidden, rows), kept)
     }
 }

@@ -6,8 +6,13 @@
 
 use super::weights::MixerWeights;
 use super::{Backbone, LayerState, PrefillError, PrefillState};
-use clef_device::{HostTensor, MeshOps, PassLayer, PassMixer, PassStats, PrefillPass};
+use clef_device::{HostTensor, MeshOps, PassLayer, PassMixer, PassStats, PrefillPass, RowBatch};
 use std::time::{Duration, Instant};
+
+/// A chunk's final rows and the state it leaves.
+type Chunk<T> = (HostTensor, PrefillState<T>);
+/// A batched pass's final rows and each kept prefix's layer states.
+type BatchedRows<T> = (HostTensor, Vec<Vec<LayerState<T>>>);
 
 /// What warming a mesh's passes did.
 pub struct PassWarmup {
@@ -27,7 +32,7 @@ impl<B: MeshOps> Backbone<B> {
         positions: &[[u32; 3]],
         state: Option<&PrefillState<B::Tensor>>,
         consume: bool,
-    ) -> Result<(HostTensor, PrefillState<B::Tensor>), PrefillError> {
+    ) -> Result<Chunk<B::Tensor>, PrefillError> {
         if let Some(done) = self.whole_pass(embedded, positions, state, consume) {
             return done;
         }
@@ -41,11 +46,74 @@ impl<B: MeshOps> Backbone<B> {
         positions: &[[u32; 3]],
         state: Option<&PrefillState<B::Tensor>>,
         consume: bool,
-    ) -> Option<Result<(HostTensor, PrefillState<B::Tensor>), PrefillError>> {
-        if positions.len() != embedded.rows
-            || embedded.rows == 0
-            || state.is_some_and(|s| s.layers.len() != self.layers.len())
-        {
+    ) -> Option<Result<Chunk<B::Tensor>, PrefillError>> {
+        if positions.len() != embedded.rows || embedded.rows == 0 {
+            return None;
+        }
+        let start = state.map_or(0, |s| s.position);
+        let pass = PrefillPass {
+            rows: embedded,
+            positions,
+            start,
+            layers: self.pass_layers(state)?,
+            final_norm: &self.final_norm,
+            eps: self.config.rms_norm_eps,
+            consume,
+            batch: None,
+        };
+        let out = match self.mesh.prefill_pass(&pass)? {
+            Ok(out) => out,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let mut states = self.kept_states(out.states, 1).into_iter();
+        Some(match states.next() {
+            Some(layers) => Ok((
+                out.hidden,
+                PrefillState {
+                    position: start + embedded.rows,
+                    layers,
+                },
+            )),
+            None => Err(PrefillError::State("a pass without a state".into())),
+        })
+    }
+
+    /// A batched pass as one [`MeshOps::prefill_pass`] (`rows`: every block's, `positions`:
+    /// one block's or every block's, `start`: the state every block continues): its final
+    /// rows and the layer states of each kept prefix, in order; `None` when the mesh does not
+    /// run it.
+    pub(super) fn batched_pass(
+        &self,
+        rows: &HostTensor,
+        positions: &[[u32; 3]],
+        batch: &RowBatch,
+        start: Option<&PrefillState<B::Tensor>>,
+    ) -> Option<Result<BatchedRows<B::Tensor>, PrefillError>> {
+        let pass = PrefillPass {
+            rows,
+            positions,
+            start: start.map_or(0, |s| s.position),
+            layers: self.pass_layers(start)?,
+            final_norm: &self.final_norm,
+            eps: self.config.rms_norm_eps,
+            consume: false,
+            batch: Some(batch),
+        };
+        let out = match self.mesh.prefill_pass(&pass)? {
+            Ok(out) => out,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let kept = batch.kept().count();
+        Some(Ok((out.hidden, self.kept_states(out.states, kept))))
+    }
+
+    /// Every layer of the backbone as a pass takes it, continuing `state`; `None` when the
+    /// state does not fit the model.
+    fn pass_layers<'a>(
+        &'a self,
+        state: Option<&'a PrefillState<B::Tensor>>,
+    ) -> Option<Vec<PassLayer<'a, B::Tensor, B::Weight>>> {
+        if state.is_some_and(|s| s.layers.len() != self.layers.len()) {
             return None;
         }
         let attention = self.attention_spec();
@@ -111,39 +179,30 @@ impl<B: MeshOps> Backbone<B> {
                 mlp_all_reduce: self.all_reduces(i),
             });
         }
-        let start = state.map_or(0, |s| s.position);
-        let pass = PrefillPass {
-            rows: embedded,
-            positions,
-            start,
-            layers,
-            final_norm: &self.final_norm,
-            eps: self.config.rms_norm_eps,
-            consume,
-        };
-        let out = match self.mesh.prefill_pass(&pass)? {
-            Ok(out) => out,
-            Err(e) => return Some(Err(e.into())),
-        };
-        let layers = self
-            .layers
-            .iter()
-            .zip(out.states)
-            .map(|(lw, [a, b])| match lw.mixer {
+        Some(layers)
+    }
+
+    /// A pass's states (layer-major: each layer's pair for each of `requests` kept states) as
+    /// each request's layer states.
+    fn kept_states(
+        &self,
+        states: Vec<[B::Tensor; 2]>,
+        requests: usize,
+    ) -> Vec<Vec<LayerState<B::Tensor>>> {
+        let mut out: Vec<Vec<LayerState<B::Tensor>>> = (0..requests)
+            .map(|_| Vec::with_capacity(self.layers.len()))
+            .collect();
+        for (k, [a, b]) in states.into_iter().enumerate() {
+            let layer = &self.layers[k / requests.max(1)];
+            out[k % requests.max(1)].push(match layer.mixer {
                 MixerWeights::Attention { .. } => LayerState::Attention { keys: a, values: b },
                 MixerWeights::DeltaNet { .. } => LayerState::DeltaNet {
                     conv: a,
                     recurrent: b,
                 },
-            })
-            .collect();
-        Some(Ok((
-            out.hidden,
-            PrefillState {
-                position: start + embedded.rows,
-                layers,
-            },
-        )))
+            });
+        }
+        out
     }
 
     /// Warm the mesh's whole passes: room for `kv_tokens` tokens of KV, then every bucket from

@@ -9,7 +9,14 @@
 //!   and layer-op calls through the C ABI), per chunk;
 //! - host ms: wall time of `Backbone::prefill_embedded` for the chunk (the upload of its rows,
 //!   every op, the download of the final rows) with cached programs, the median of the
-//!   repeats after one warm-up;
+//!   repeats after one warm-up: eager dispatch, layer op by layer op;
+//! - traced ms: the same chunk as a whole pass replayed from its trace
+//!   (`Backbone::prefill_chunk`; the ttnn backend's passes.py): the rows and the pass's
+//!   inputs copied to the devices, the replay, the final rows read back; the median of the
+//!   repeats after its two warm-ups (eager, then captured). From a start past 0 each repeat
+//!   continues a state made by traced passes, in place (a long prompt's next chunk);
+//! - launches: device ops ttnn launched during one traced chunk (graph capture): 0 when every
+//!   op of the chunk ran inside the trace;
 //! - data movement: the device ops that only move or re-lay data (tilize, untilize, reshape,
 //!   slice, concat, typecast, transpose, permute, pad, and the heads ops), with the bytes they
 //!   write per device;
@@ -42,6 +49,9 @@ pub struct ChunkRow {
     pub ttnn_calls: u64,
     pub abi_calls: u64,
     pub host_ms: f64,
+    /// The chunk replayed from a trace: host ms and the device ops launched outside it;
+    /// `None` where the mesh did not trace it.
+    pub traced: Option<(f64, u64)>,
     /// (kind, ops, bytes written per device), most bytes first.
     pub movement: Vec<(String, u64, u64)>,
 }
@@ -206,6 +216,7 @@ pub fn measure(
                     disagreements.push(format!("{kind}: {planned} planned, {} run", ran(kind)));
                 }
             }
+            let traced = traced(bb, &x, start, step, repeats)?;
             out.push(ChunkRow {
                 tokens: n,
                 start,
@@ -215,11 +226,84 @@ pub fn measure(
                 ttnn_calls,
                 abi_calls,
                 host_ms: super::median(times),
+                traced,
                 movement,
             });
         }
     }
     Ok(out)
+}
+
+/// The state at `start` made by whole passes of `step` rows (replayed once warm), each
+/// consuming the last.
+fn passes_to(
+    bb: &Backbone<TtMesh>,
+    start: usize,
+    step: usize,
+) -> super::Result<Option<PrefillState<clef_device::tt::TtTensor>>> {
+    let hidden = bb.config().hidden_size;
+    let mut state: Option<PrefillState<_>> = None;
+    let mut at = 0;
+    while at < start {
+        let n = step.min(start - at);
+        let rows = HostTensor::new(n, hidden, vec![0.0; n * hidden]);
+        let positions = Backbone::<TtMesh>::text_positions(at, n);
+        let consume = state.is_some();
+        state = Some(
+            bb.prefill_chunk(&rows, &positions, state.as_ref(), consume)?
+                .1,
+        );
+        at += n;
+    }
+    Ok(state)
+}
+
+/// Rows `x` at `start` as a whole pass replayed from its trace (see the module header): host
+/// ms (median of `repeats`) and the device ops launched during one; `None` when the mesh does
+/// not trace it.
+fn traced(
+    bb: &Backbone<TtMesh>,
+    x: &HostTensor,
+    start: usize,
+    step: usize,
+    repeats: usize,
+) -> super::Result<Option<(f64, u64)>> {
+    let m = bb.mesh();
+    let positions = Backbone::<TtMesh>::text_positions(start, x.rows);
+    let replays = || m.pass_stats().map_or(0, |s| s.traced);
+    let run = |graph: bool| -> super::Result<(f64, bool, u64)> {
+        let state = passes_to(bb, start, step)?;
+        let before = replays();
+        if graph {
+            m.command(r#"{"graph_capture": "begin"}"#)?;
+        }
+        let t0 = Instant::now();
+        let done = bb.prefill_chunk(x, &positions, state.as_ref(), true);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let launched = if graph {
+            let summary: serde_json::Value =
+                serde_json::from_str(&m.command(r#"{"graph_capture": "end"}"#)?)?;
+            summary["device_ops"].as_u64().unwrap_or(0)
+        } else {
+            0
+        };
+        done?;
+        Ok((ms, replays() > before, launched))
+    };
+    // The first pass of its form runs eagerly (programs cached), the second is captured.
+    for _ in 0..2 {
+        run(false)?;
+    }
+    let mut times = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let (ms, replayed, _) = run(false)?;
+        if !replayed {
+            return Ok(None);
+        }
+        times.push(ms);
+    }
+    let (_, _, launched) = run(true)?;
+    Ok(Some((super::median(times), launched)))
 }
 
 fn mib(bytes: u64) -> String {
@@ -229,7 +313,7 @@ fn mib(bytes: u64) -> String {
 /// The rows as a Markdown table.
 pub fn table(rows: &[ChunkRow]) -> String {
     let mut s = String::from(
-        "| tokens | start | device ops | plan | ttnn calls | ABI calls | host ms | data movement (ops, bytes per device) |\n|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| tokens | start | device ops | plan | ttnn calls | ABI calls | host ms | traced ms | traced / eager | launches in a replay | data movement (ops, bytes per device) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let moved: Vec<String> = r
@@ -237,8 +321,16 @@ pub fn table(rows: &[ChunkRow]) -> String {
             .iter()
             .map(|(k, n, b)| format!("{k} {n} ({})", mib(*b)))
             .collect();
+        let (traced, ratio, launches) = match r.traced {
+            Some((ms, n)) => (
+                format!("{ms:.2}"),
+                format!("{:.3}", ms / r.host_ms),
+                n.to_string(),
+            ),
+            None => ("not traced".into(), "-".into(), "-".into()),
+        };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {traced} | {ratio} | {launches} | {} |\n",
             r.tokens,
             r.start,
             r.device_ops,
@@ -256,9 +348,11 @@ pub fn table(rows: &[ChunkRow]) -> String {
     s
 }
 
-/// Fails when the plan and ttnn's graph capture disagree on a chunk, or a chunk takes more
-/// device ops than `max` (CI's budget); says so on stdout when they hold.
-pub fn check(rows: &[ChunkRow], max: Option<u64>) -> super::Result<()> {
+/// Fails when the plan and ttnn's graph capture disagree on a chunk, a chunk takes more
+/// device ops than `max` (CI's budget), a replayed chunk launched a device op outside its
+/// trace, or (`untraced`: tracing is on, with what the backend says of the forms it could not
+/// trace) a chunk was not replayed; says so on stdout when they hold.
+pub fn check(rows: &[ChunkRow], max: Option<u64>, untraced: Option<&str>) -> super::Result<()> {
     let disagree: Vec<String> = rows
         .iter()
         .flat_map(|r| {
@@ -276,6 +370,35 @@ pub fn check(rows: &[ChunkRow], max: Option<u64>) -> super::Result<()> {
     println!(
         "\nthe plan prices every device op the graph shows (in total and per data-movement kind)"
     );
+    let launching: Vec<String> = rows
+        .iter()
+        .filter_map(|r| match r.traced {
+            Some((_, n)) if n > 0 => Some(format!("{n} at {} tokens from {}", r.tokens, r.start)),
+            _ => None,
+        })
+        .collect();
+    if !launching.is_empty() {
+        refuse!(
+            "a replayed chunk launched device ops outside its trace: {}",
+            launching.join(", ")
+        );
+    }
+    if rows.iter().any(|r| r.traced.is_some()) {
+        println!("\nevery traced chunk ran all its device ops inside its trace (0 launches)");
+    }
+    if let Some(why) = untraced {
+        let missing: Vec<String> = rows
+            .iter()
+            .filter(|r| r.traced.is_none())
+            .map(|r| format!("{} tokens from {}", r.tokens, r.start))
+            .collect();
+        if !missing.is_empty() {
+            refuse!(
+                "tracing is on, but these chunks were not replayed from a trace: {} ({why})",
+                missing.join(", ")
+            );
+        }
+    }
     if let Some(max) = max {
         let over: Vec<String> = rows
             .iter()
@@ -337,7 +460,24 @@ pub fn run(
                 p.name
             )?;
             write!(out, "{}", table(&rows))?;
-            check(&rows, b.max_device_ops)?;
+            let stats = bb.mesh().pass_stats();
+            if let Some(s) = &stats {
+                writeln!(
+                    out,
+                    "\ntraces held: {}, their intermediates' placeholders {:.1} MiB per device",
+                    s.traces,
+                    s.reserved_bytes as f64 / (1u64 << 20) as f64
+                )?;
+            }
+            let untraced = stats.filter(|s| s.tracing).map(|_| {
+                bb.mesh()
+                    .command(r#"{"trace":"facts"}"#)
+                    .ok()
+                    .and_then(|f| serde_json::from_str::<serde_json::Value>(&f).ok())
+                    .map(|f| f["untraced"].to_string())
+                    .unwrap_or_default()
+            });
+            check(&rows, b.max_device_ops, untraced.as_deref())?;
         }
     }
     Ok(())

@@ -36,6 +36,8 @@ pub struct Placement {
     /// The allocator's own count of what is allocated per device at the end (ttnn's own
     /// buffers included), when the backend reports it.
     pub allocated: Option<u64>,
+    /// The trace region reserved at the mesh's open (outside `dram`), per device.
+    pub trace_region: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +155,7 @@ fn classes(
         name: format!("prefix cache: {slots} slots x {slot_tokens} tokens"),
         tensors: slot,
     });
+    out.extend(traced_passes(q, slot_tokens, act));
     // One chunk at its widest: the hidden rows (input, residual, normed), the widest
     // column-parallel output and its activation, and a row-parallel projection's partial sums
     // (in the activation dtype, as the port's bf16 collectives) with their reduction.
@@ -177,6 +180,77 @@ fn classes(
         ],
     });
     Ok(out)
+}
+
+/// Rows of KV a traced pass's shared pools hold beyond the prefix-cache slots: two prompts
+/// in flight, each a slot's state plus the default tail (4,096 tokens).
+const TAIL_TOKENS: usize = 4096;
+/// The buckets a worker's warm-up captures, each from a prompt's start and continuing one
+/// (ffi/shim/ttnn/clef_tt_ttnn/passes.py's default `CLEF_TT_TRACE_BUCKETS`).
+const BUCKETS: [usize; 4] = [128, 256, 512, 1024];
+
+/// What traced passes keep on the device besides the slots (docs/tenstorrent.md, "Traced
+/// passes"): the shared KV pools' room for the prompts in flight, the live DeltaNet state the
+/// passes continue in place, and the DRAM the warm-up's traces keep reserved for their
+/// intermediates (per form about one chunk's working set at its bucket).
+fn traced_passes(q: &PlanQuestion, slot_tokens: usize, act: u64) -> Vec<Class> {
+    let cfg = q.text;
+    let n = q.devices;
+    let in_flight = 2 * (slot_tokens + TAIL_TOKENS);
+    let kv = cfg.num_key_value_heads / n * cfg.head_dim;
+    let pools = (0..2 * cfg.count(LayerKind::Attention))
+        .map(|_| activation(in_flight, kv, false, act))
+        .collect();
+    let mut live = Vec::new();
+    for _ in 0..cfg.count(LayerKind::DeltaNet) {
+        let heads = cfg.linear_num_value_heads / n;
+        live.push(activation(
+            heads * cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+            true,
+            act,
+        ));
+        live.push(activation(
+            cfg.linear_conv_kernel_dim - 1,
+            cfg.conv_dim() / n,
+            false,
+            act,
+        ));
+    }
+    let h = cfg.hidden_size;
+    let ffn = cfg.intermediate_size / n;
+    let reserved = BUCKETS
+        .iter()
+        .flat_map(|&t| [t, t])
+        .flat_map(|t| {
+            [
+                activation(t, h, false, act),
+                activation(t, h, false, act),
+                activation(t, 2 * ffn, false, act),
+                activation(t, ffn, false, act),
+            ]
+        })
+        .collect();
+    vec![
+        Class {
+            name: format!(
+                "traced passes: KV of 2 prompts of {} tokens in flight",
+                in_flight / 2
+            ),
+            tensors: pools,
+        },
+        Class {
+            name: "traced passes: live DeltaNet state".into(),
+            tensors: live,
+        },
+        Class {
+            name: format!(
+                "traces: intermediates of {} forms, reserved",
+                2 * BUCKETS.len()
+            ),
+            tensors: reserved,
+        },
+    ]
 }
 
 /// Places `q`'s plan on `mesh` class by class, keeping everything allocated until the end.
@@ -236,11 +310,13 @@ pub fn place(
     }
     let facts: serde_json::Value = serde_json::from_str(&mesh.describe()?).unwrap_or_default();
     let allocated = facts["dram_allocated_per_device"].as_u64();
+    let trace_region = facts["trace_region_bytes"].as_u64().unwrap_or(0);
     drop(held);
     Ok(Placement {
         rows,
         dram,
         allocated,
+        trace_region,
     })
 }
 
@@ -290,8 +366,25 @@ pub fn render(p: &Placement, weights_classes: usize, port_free_gib: f64) -> Stri
             a as f64 / GIB
         ))
     );
+    if p.trace_region > 0 {
+        let _ = writeln!(
+            out,
+            "\nThe trace region, reserved at open outside the DRAM above: {:.2} GiB per device \
+             (the allocator's TRACE view), room for {} traced passes of ~{} device ops at up to \
+             {} KiB each: an estimate from tt-metal's dispatch commands (mock mode records \
+             none; chips report what the traces take).",
+            p.trace_region as f64 / GIB,
+            TRACE_ROOM.0,
+            TRACE_ROOM.1,
+            TRACE_ROOM.2 >> 10
+        );
+    }
     out
 }
+
+/// What the ttnn backend sizes its trace region for (ffi/shim/ttnn/clef_tt_ttnn/trace.py:
+/// MAX_TRACES, PASS_OPS, TRACE_BYTES_PER_OP).
+const TRACE_ROOM: (usize, usize, usize) = (16, 1800, 16 << 10);
 
 /// `plan --on-device`: the plan `q` placed on a `shape` Tenstorrent mesh through `shim`, with
 /// `slots` prefix-cache slots of `slot_tokens`, as the report's section.

@@ -27,6 +27,12 @@ impl TtMesh {
         let mut inputs = vec![Input::Tensor(&rows), Input::Weight(pass.final_norm)];
         let mut layers = Vec::with_capacity(pass.layers.len());
         let mut results = vec![(t, pass.rows.cols, sys::CLEF_TT_REPLICATED)];
+        // The rows of each state a layer leaves: its one request's (start + T), or each kept
+        // prefix's of a batch.
+        let kept: Vec<usize> = match pass.batch {
+            None => vec![pass.start + t],
+            Some(b) => b.kept().collect(),
+        };
         let mut rope = None;
         let per_device = self.per_device();
         for l in &pass.layers {
@@ -44,8 +50,10 @@ impl TtMesh {
                 } => {
                     rope.get_or_insert(*r);
                     inputs.extend([*norm, *qkv, *q_norm, *k_norm, *o_proj].map(Input::Weight));
-                    let kv = (pass.start + t, spec.kv_heads * spec.head_dim, per_device);
-                    results.extend([kv, kv]);
+                    for &n in &kept {
+                        let kv = (n, spec.kv_heads * spec.head_dim, per_device);
+                        results.extend([kv, kv]);
+                    }
                     layers.push(json!({
                         "kind": "attention",
                         "mixer": {
@@ -86,7 +94,9 @@ impl TtMesh {
                         per_device,
                     );
                     let state = (spec.value_heads * spec.key_dim, spec.value_dim, per_device);
-                    results.extend([carry, state]);
+                    for _ in &kept {
+                        results.extend([carry, state]);
+                    }
                     layers.push(json!({
                         "kind": "delta_net",
                         "mixer": {
@@ -107,9 +117,14 @@ impl TtMesh {
         let Some(rope) = rope else {
             return Ok(None);
         };
-        let params = json!({
+        let mut params = json!({
             "layers": layers, "eps": pass.eps, "start": pass.start, "consume": pass.consume,
         });
+        if let Some(b) = pass.batch {
+            params["batch"] = json!({
+                "requests": b.lengths.len(), "lengths": b.lengths, "keep": b.keep,
+            });
+        }
         let Some(out) = self.layer_op(
             "pass",
             &inputs,
@@ -128,8 +143,8 @@ impl TtMesh {
         while let (Some(a), Some(b)) = (out.next(), out.next()) {
             states.push([a, b]);
         }
-        if states.len() != pass.layers.len() {
-            return Err(short("a state per layer"));
+        if states.len() != pass.layers.len() * kept.len() {
+            return Err(short("every state the pass leaves"));
         }
         Ok(Some(PassOutput { hidden, states }))
     }
@@ -154,8 +169,10 @@ impl TtMesh {
             self.mesh.refused_passes.load(Ordering::Relaxed),
         ));
         Some(PassStats {
+            tracing: facts["mode"] == "traced",
             traced: facts["passes"]["traced"].as_u64().unwrap_or(0),
             eager,
+            forms: count("forms"),
             traces: count("traces"),
             captures: count("captures"),
             replays: count("replays"),
@@ -171,6 +188,14 @@ impl TtMesh {
                 })
                 .unwrap_or_default(),
         })
+    }
+
+    /// How the shim runs whole passes from now on ({"trace": "configure"}): "traced" (the
+    /// default), "eager" (every op dispatched: to check replays against) or "off" (the layers
+    /// one by one); the default comes from `CLEF_TT_TRACE` where the shim starts.
+    pub fn set_pass_mode(&self, mode: &str) -> Result<()> {
+        self.command(&json!({"trace": "configure", "mode": mode}).to_string())
+            .map(|_| ())
     }
 
     /// Room for `kv_tokens` tokens in the passes' KV pools ({"trace": "configure"}); a shim

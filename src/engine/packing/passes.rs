@@ -163,16 +163,16 @@ impl<B: MeshOps> Pipeline<B> {
                 let head = HostTensor::new(cut, self.hidden, head.to_vec());
                 let (hidden, state) =
                     self.backbone
-                        .prefill_embedded(&head, &positions[..cut], None, None)?;
+                        .prefill_chunk(&head, &positions[..cut], None, false)?;
                 rows.extend_from_slice(&hidden.data);
                 kept = Some(state);
             }
             let rest = HostTensor::new(embedded.rows - cut, self.hidden, rest.to_vec());
-            let (hidden, state) = self.backbone.prefill_embedded(
+            let (hidden, state) = self.backbone.prefill_chunk(
                 &rest,
                 &positions[cut..],
                 kept.as_ref().or(start),
-                None,
+                false,
             )?;
             rows.extend_from_slice(&hidden.data);
             states.push(Some(kept.unwrap_or(state)));

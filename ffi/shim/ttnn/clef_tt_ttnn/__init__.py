@@ -14,7 +14,10 @@ Layout (mirrors ffi/shim/backend.hpp):
 - delta.py     causal_conv1d_silu, delta_gates, gated_delta_rule, gated_rms_norm
 - vision.py    layer_norm, add_bias, gelu, rotary, fold_rows
 - layers.py    layer_op: a whole attention, DeltaNet or MLP sublayer in one call
-- graph.py     command: ttnn's graph capture (device ops, data movement) as a mesh command
+- passes.py    the layer op "pass": a whole prefill chunk, replayed from a ttnn trace per form
+               (pass_plan.py its inputs and KV plan, trace.py capture and replay, persistent.py
+               the DeltaNet state at fixed addresses)
+- graph.py     command: the mesh commands (ttnn's graph capture, the traces' facts)
 - meta.py      `Meta` and the C enums; dispatch.py the per-op call counter; programs.py the
                compute kernel and program configs
 Imports only ttnn and numpy (never torch); CPython 3.10 and 3.12.

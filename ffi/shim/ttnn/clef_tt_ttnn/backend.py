@@ -13,7 +13,7 @@ chips, and opening meshes exactly as the Tenstorrent port does (Tenstorrent's do
 import os
 
 from .mesh import Mesh, check_kept
-from .trace import DEFAULT_TRACE_REGION, tracing_enabled
+from .trace import DEFAULT_TRACE_REGION, trace_mode
 
 TTNN_VERSION = "0.81.1"
 
@@ -118,7 +118,7 @@ class Backend:
         # Passes are replayed from traces (passes.py): a region for them unless the config
         # names one (or tracing is off).
         region = int(config.get("trace_region_size", 0))
-        if region == 0 and tracing_enabled():
+        if region == 0 and trace_mode() == "traced":
             region = DEFAULT_TRACE_REGION
         device = ttnn.open_mesh_device(
             mesh_shape=ttnn.MeshShape(1, int(cols)),

@@ -85,15 +85,33 @@ class KVPool:
                 heapq.heappush(self.free, b)
 
 
+class Hold:
+    """One hold on blocks of the shared pools for every KV handle a pass made (passes.py: all
+    its layers' keys and values hold the same blocks): the blocks are counted once, and
+    dropped when the last of those handles goes."""
+
+    __slots__ = ("shared", "blocks", "handles")
+
+    def __init__(self, shared, blocks):
+        self.shared, self.blocks, self.handles = shared, blocks, 0
+        shared.hold(blocks)
+
+
 class KV:
-    """A KV cache handle: `rows` rows in the pool blocks `blocks`."""
+    """A KV cache handle: `rows` rows in the pool blocks `blocks` (held by the handle, or by
+    `hold`, shared with the other handles of a pass)."""
 
-    __slots__ = ("pool", "rows", "blocks", "released", "__weakref__")
+    __slots__ = ("pool", "rows", "blocks", "released", "hold", "__weakref__")
 
-    def __init__(self, pool, rows, blocks):
-        self.pool, self.rows, self.blocks, self.released = pool, rows, list(blocks), False
+    def __init__(self, pool, rows, blocks, hold=None):
+        self.pool, self.rows, self.released, self.hold = pool, rows, False, hold
         pool.users += 1
-        pool.hold(self.blocks)
+        if hold is not None:
+            self.blocks = hold.blocks
+            hold.handles += 1
+        else:
+            self.blocks = list(blocks)
+            pool.hold(self.blocks)
 
     def tensors(self):
         return [self.pool.t] if self.pool.t is not None else []
@@ -103,7 +121,12 @@ class KV:
             return
         self.released = True
         pool = self.pool
-        pool.drop_blocks(self.blocks)
+        if self.hold is not None:
+            self.hold.handles -= 1
+            if self.hold.handles == 0:
+                self.hold.shared.release(self.hold.blocks)
+        else:
+            pool.drop_blocks(self.blocks)
         pool.users -= 1
         if pool.users == 0 and pool.t is not None and pool.shared is None:
             if pool.spares is None or not pool.spares.keep(pool, ttnn):
@@ -324,9 +347,15 @@ class KvCache:
 
     def append_heads(self, kv, new, heads, d):
         """KV handle `kv` (None: empty) followed by heads-first rows `new` [1, heads, T, dp] in
-        the KV dtype (consumed), as a new handle (see the module docstring)."""
+        the KV dtype (consumed), as a new handle (see the module docstring). A handle in the
+        passes' shared pools (SharedPools) is first copied into a pool of its own: their blocks
+        are allocated once per pass for every layer, which appends layer by layer cannot
+        follow (keys and values would part)."""
         dp = self.shape(new)[3]
         t = self.shape(new)[2]
+        owned = None
+        if kv is not None and kv.pool.shared is not None:
+            kv = owned = self._own_pool(kv)
         if kv is None:
             pool, r0, base = self._new_pool(_blocks(t), heads, d, dp), 0, []
         else:
@@ -366,7 +395,18 @@ class KvCache:
         written = off + t
         for i, b in enumerate(write):
             pool.filled[b] = min(KV_BLOCK, written - i * KV_BLOCK)
-        return self.track(KV(pool, r0 + t, base[:b0] + write))
+        out = self.track(KV(pool, r0 + t, base[:b0] + write))
+        if owned is not None:
+            owned.release(self.ttnn)
+        return out
+
+    def _own_pool(self, kv):
+        """A handle of `kv`'s rows in a pool of its own (a device copy of its rows)."""
+        p = kv.pool
+        rows = self.kv_rows(kv)
+        heads_first = self.kv_input(rows, p.heads, p.d, p.dp)
+        self.drop(rows)
+        return self.append_heads(None, heads_first, p.heads, p.d)
 
     def as_kv(self, pair, heads):
         """(KV handle, made-here) for an attention operand that may be a plain activation."""

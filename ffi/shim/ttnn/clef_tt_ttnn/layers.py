@@ -170,7 +170,9 @@ class LayerOps:
 
     def _row_mask(self, each, lengths):
         """[1, 1, t, 1] bf16: 1 on the requests' rows, 0 on the pad rows after them (made once
-        per form of batch)."""
+        per form of batch; in a pass, passes.py, the pass's input)."""
+        if self.pass_ctx is not None and self.pass_ctx.row_mask is not None:
+            return self.pass_ctx.row_mask
 
         def make():
             mask = np.zeros((len(lengths), each), np.float32)
@@ -310,7 +312,11 @@ class LayerOps:
     def _kept_kv(self, k, v, keep, kvh, d):
         """The keys and values of each block's kept prefix (its first `keep[i]` rows, heads of
         [B, kvh, each, d]) as KV handles, a block's keys then its values: what the block's
-        prefix alone appends to an empty cache."""
+        prefix alone appends to an empty cache. In a pass (passes.py) they go to the blocks the
+        pass planned, and the pass makes the handles."""
+        if self.pass_ctx is not None:
+            self.pass_ctx.keep_kv(self, k, v, keep, kvh, d)
+            return []
         kept = []
         for i, n in enumerate(keep):
             for x in (k, v) if n else ():
@@ -324,7 +330,10 @@ class LayerOps:
         appended to the cache as a handle of its own (the cached blocks shared, its rows in
         fresh pool blocks: kv_cache.py), and chunked SDPA reads the pool through one page-table
         row per block, every block's queries from the cache's end. The handles are released
-        after: a hit keeps nothing."""
+        after: a hit keeps nothing. In a pass (passes.py), through the blocks and tables the
+        pass planned."""
+        if self.pass_ctx is not None:
+            return self.pass_ctx.continued(self, q, k, v, kvh, d, ckc)
         (kc, _), (vc, _) = caches
         count, _, each, _ = self.shape(q)
         start = kc.rows
@@ -508,8 +517,8 @@ class LayerOps:
             self.row_of(a_log[1], "neg_exp_f32", fp32, lambda w: -np.exp(w)),
         )
         self.drop(sp)
-        if self.pass_ctx is not None:
-            # A pass's pad rows (passes.py) leave the state as it is: g = 0, beta = 0 there.
+        if self.pass_ctx is not None and self.pass_ctx.mask is not None:
+            # A solo pass's pad rows (passes.py) leave the state as it is: g = 0, beta = 0.
             g, beta = self.pass_ctx.masked_gates(self, g, beta)
         gates = [self.reshape(self.pad_end(a, 2, tp), (count, each, nv)) for a in (g, beta)]
         if batch:

@@ -133,10 +133,7 @@ class Mesh(
         out = [e[3] for e in self.kv_spares.tensors]
         for v in self.internal.values():
             out.extend(v if isinstance(v, tuple) else (v,))
-        out.extend(self.pass_tensors.values())
-        out.extend(self.live.tensors())
-        if self.kv_shared is not None:
-            out.extend(self.kv_shared.tensors())
+        out.extend(self.persistent_tensors())
         return out
 
     def track(self, obj):
@@ -231,8 +228,8 @@ class Mesh(
             return
         if isinstance(obj, DT) and obj._t is None and obj.pending is not None:
             # An upload still on the host (tensors.DT): its arrays have the shape.
-            a = obj.pending[1][0]
-            if tuple(a.shape)[-2:] != (meta.rows, meta.cols) or meta.role != ACTIVATION:
+            a, rows = obj.pending[1][0], obj.pending[2]
+            if (rows, a.shape[-1]) != (meta.rows, meta.cols) or meta.role != ACTIVATION:
                 raise ValueError("result check: %s, got host rows %s" % (meta_text(meta), a.shape))
             return
         t = obj.t
@@ -259,6 +256,7 @@ class Mesh(
 
     def describe(self):
         view = self.ttnn.get_memory_view(self.device, self.ttnn.BufferType.DRAM)
+        trace = self.ttnn.get_memory_view(self.device, self.ttnn.BufferType.TRACE)
         return {
             "devices": self.n,
             "device_ids": self.device_ids(),
@@ -268,6 +266,8 @@ class Mesh(
             # The allocator's own count: everything ttnn holds on a device, its own buffers too.
             "dram_allocated_per_device": int(view.total_bytes_allocated_per_bank)
             * int(view.num_banks),
+            # The trace region reserved at open (passes.py replays its traces from it).
+            "trace_region_bytes": int(trace.total_bytes_per_bank) * int(trace.num_banks),
             "activation_dtype": "bf16" if self.act_dtype == self.ttnn.bfloat16 else "f32",
             # What the mesh keeps (check_kept: the only dtypes this backend keeps).
             **{key: DTYPE_NAMES[dtype] for key, (dtype, *_) in KEPT.items()},
@@ -286,10 +286,7 @@ class Mesh(
         self.closed = True
         ttnn = self.ttnn
         self.trace_release_all()
-        persistent = list(self.pass_tensors.values()) + self.live.tensors()
-        if self.kv_shared is not None:
-            persistent += self.kv_shared.tensors()
-        for t in persistent:
+        for t in self.persistent_tensors():
             if t.is_allocated():
                 ttnn.deallocate(t, force=True)
         for key in list(self.internal):

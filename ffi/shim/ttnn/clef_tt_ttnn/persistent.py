@@ -1,16 +1,18 @@
 """Device tensors of a pass that live at fixed addresses (passes.py): what a traced pass reads
 and writes besides its inputs, and the ABI tensors that stand for them.
 
-- `LiveStates`: the DeltaNet state every pass continues, per DeltaNet layer the conv carry
-  (ROW_MAJOR bf16 [1, 1, 3, channels], the form the native conv reads) and the recurrent
-  state (TILE f32 [1, 1, value_heads * key_dim, value_dim]). A pass reads them (or zeros, from
-  a sequence's start) and leaves its own final state in them, so the next chunk of a prompt
-  continues in place, with no copy, and every trace reads and writes the same buffers.
+- `StateSet`: DeltaNet states at fixed addresses, per DeltaNet layer the conv carry (ROW_MAJOR
+  bf16 [1, 1, 3, channels], the form the native conv reads) and the recurrent state (TILE f32
+  [1, 1, value_heads * key_dim, value_dim]). The live set is the state every solo pass
+  continues: a pass reads it (or zeros, from a sequence's start) and leaves its own final state
+  in it, so the next chunk of a prompt continues in place, with no copy, and every trace reads
+  and writes the same buffers. A batched pass keeping prefixes' states writes each kept
+  prefix's into a set of its own (per traced form and block).
 - `LiveState`: the ABI tensor a pass returns for one of them, valid while the buffers hold that
-  pass's state (its generation). Before a pass overwrites them, every such tensor the caller
-  still holds and did not give up (`consume`) is copied into buffers of its own
-  (`materialize`: a prefix-cache slot keeping a state); one the caller gave up is stale from
-  then on, and using it is an error, never a silently wrong state.
+  pass's state (the set's generation). Before a pass overwrites a set, every such tensor the
+  caller still holds and did not give up (`consume`) is copied into buffers of its own (a
+  prefix-cache slot keeping a state); one the caller gave up is stale from then on, and using
+  it is an error, never a silently wrong state.
 - `View`: the first `rows` rows of a persistent tensor the mesh keeps (a pass's output rows,
   valid until that bucket's next pass), freed with nothing.
 """
@@ -55,8 +57,8 @@ class LiveState:
         self.gen = -1
 
 
-class LiveStates:
-    """The live DeltaNet buffers of a mesh and the handles standing for their contents."""
+class StateSet:
+    """DeltaNet buffers at fixed addresses and the handles standing for their contents."""
 
     def __init__(self):
         self.carry, self.state = {}, {}

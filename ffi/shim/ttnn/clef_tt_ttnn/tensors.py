@@ -20,8 +20,10 @@ from .meta import TILE_SIZE
 
 class DT:
     """One ABI tensor held as one ttnn mesh tensor (see the module docstring). An uploaded
-    activation stays on the host until an op reads it (`pending`: the mesh and its host
-    arrays): a pass (passes.py) writes it straight into its persistent input instead."""
+    activation stays on the host until an op reads it (`pending`: the mesh, its host arrays
+    [1, 1, rows padded, cols] f32 and its rows): a pass (passes.py) writes a replicated one
+    straight into its persistent input instead, the rows already padded to the pass's bucket
+    by the upload (one copy of the caller's rows in all)."""
 
     __slots__ = ("_t", "host", "derived", "pending", "__weakref__")
 
@@ -34,19 +36,32 @@ class DT:
     @property
     def t(self):
         if self._t is None and self.pending is not None:
-            mesh, arrays = self.pending
+            mesh, arrays, rows = self.pending
             self.pending = None
             self._t = mesh.protect(
-                mesh.host_rows(arrays, mesh.act_dtype, mesh.ttnn.TILE_LAYOUT), self
+                mesh.host_rows(
+                    [a[:, :, :rows] for a in arrays], mesh.act_dtype, mesh.ttnn.TILE_LAYOUT
+                ),
+                self,
             )
+            mesh.return_row_buffers(arrays)
         return self._t
+
+    def take_host_values(self):
+        """The upload's host values (see `host_values`), given up: the caller is the last to
+        read them, and returns them with `return_row_buffers` when done."""
+        values = self.host_values()
+        if values is not None:
+            self.pending = None
+        return values
 
     @t.setter
     def t(self, value):
         self._t = value
 
     def host_values(self):
-        """The replicated host values of an upload no op has read yet, else None."""
+        """The replicated host values of an upload no op has read yet ([1, 1, rows padded,
+        cols] f32, the pad rows zeros), else None."""
         if self._t is None and self.pending is not None and len(self.pending[1]) == 1:
             return self.pending[1][0]
         return None
@@ -61,6 +76,8 @@ class DT:
             if t is not None and t.is_allocated():
                 ttnn.deallocate(t, force=False)
         self._t = None
+        if self.pending is not None:
+            self.pending[0].return_row_buffers(self.pending[1])
         self.pending = None
         self.derived = {}
 

@@ -25,31 +25,66 @@ chips a capture computes nothing either) and every replay computes them again fr
 its buffers hold (golden/shadow.py), so a replayed pass has numbers, and a replay bug (an input
 not rewritten, a result read from the wrong buffer) changes them.
 
-`CLEF_TT_TRACE=0` turns tracing off (the passes run op by op).
+`CLEF_TT_TRACE` sets how passes run (`trace_mode`): traced (the default), `eager` (whole
+passes, every op dispatched: the traced path without its traces, for bring-up and to check
+replays against) or `0` (no whole passes: the caller runs the layers one by one, as before
+traces). A mesh command changes it per mesh (passes.py).
 """
 
 import os
 import time
 
+# Traces a mesh holds at most (CLEF_TT_TRACE_MAX): capturing one more releases the one replayed
+# least recently.
+MAX_TRACES = 16
+# Trace region bytes a captured device op takes, estimated from tt-metal's dispatch commands
+# (a program's runtime arguments per core, its config, binaries referenced by address, launch
+# messages and go signal: ~28 KB for a matmul on 110 cores, 4-15 KB for the small ops; mock
+# mode records no commands, so this is arithmetic, to be read off chips:
+# `ttnn.get_memory_view(mesh, BufferType.TRACE)`).
+TRACE_BYTES_PER_OP = 16 << 10
+# Device ops of a Clef 27B pass (1,604 layer-op ops, the row masks' 96, the state copies' 96,
+# the rows' tilize and typecast, the output's untilize and copy).
+PASS_OPS = 1800
 # Trace region of a mesh (bytes per device) when the opening config names none and tracing is
-# on: room for the traces of every prefill bucket of Clef 27B (measured in docs/tenstorrent.md).
-DEFAULT_TRACE_REGION = 512 << 20
+# on: room for MAX_TRACES passes of Clef 27B.
+DEFAULT_TRACE_REGION = MAX_TRACES * PASS_OPS * TRACE_BYTES_PER_OP
 
 
-def tracing_enabled():
-    return os.environ.get("CLEF_TT_TRACE", "1") != "0"
+def max_traces():
+    value = os.environ.get("CLEF_TT_TRACE_MAX", "")
+    return int(value) if value.isdigit() and int(value) > 0 else MAX_TRACES
+
+
+MODES = ("traced", "eager", "off")
+
+
+def trace_mode():
+    """How passes run, from CLEF_TT_TRACE: "traced", "eager" or "off" (see the docstring)."""
+    value = os.environ.get("CLEF_TT_TRACE", "1").strip().lower()
+    return {"0": "off", "off": "off", "eager": "eager"}.get(value, "traced")
 
 
 class Trace:
     """One captured trace: its id, what it was captured for, the golden calls it replays (in
     golden-shadow mode), its placeholders and its statistics."""
 
-    __slots__ = ("key", "tid", "calls", "plugs", "plug_bytes", "ops", "replays", "capture_s")
+    __slots__ = (
+        "key",
+        "tid",
+        "calls",
+        "plugs",
+        "plug_bytes",
+        "ops",
+        "replays",
+        "capture_s",
+        "used",
+    )
 
     def __init__(self, key, tid):
         self.key, self.tid = key, tid
         self.calls, self.plugs, self.plug_bytes = None, [], 0
-        self.ops, self.replays, self.capture_s = 0, 0, 0.0
+        self.ops, self.replays, self.capture_s, self.used = 0, 0, 0.0, 0
 
 
 class TraceError(RuntimeError):
@@ -70,6 +105,8 @@ class Traces:
         ttnn = self.ttnn
         graph = ttnn._ttnn.graph
         shadow = self.tt.shadow
+        while len(self.traces) >= max_traces():
+            self.trace_release(min(self.traces.values(), key=lambda tr: tr.used).key)
         t0 = time.perf_counter()
         calls0 = self.tt.total_calls()
         graph.begin_graph_capture(graph.RunMode.NORMAL)
@@ -108,6 +145,7 @@ class Traces:
             self.tt.shadow.replay(trace.calls)
         trace.replays += 1
         self.trace_counts["replays"] += 1
+        trace.used = self.trace_counts["replays"]
 
     def trace_release(self, key):
         trace = self.traces.pop(key, None)
@@ -130,6 +168,7 @@ class Traces:
             "traces": len(self.traces),
             **self.trace_counts,
             "trace_region_bytes": int(view.total_bytes_allocated_per_bank) * int(view.num_banks),
+            "trace_region_size": int(view.total_bytes_per_bank) * int(view.num_banks),
             "plug_bytes": sum(t.plug_bytes for t in self.traces.values()),
         }
 

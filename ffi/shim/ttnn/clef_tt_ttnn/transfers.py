@@ -36,6 +36,7 @@ from .meta import (
     packed_bytes,
     stored_bytes,
 )
+from .passes import bucket_rows
 from .persistent import LiveState
 from .tensors import DT
 
@@ -157,10 +158,36 @@ class Transfers:
             t = self.host_rows(arrays, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
             host = [a.reshape(meta.rows, meta.cols).copy() for a in arrays]
             return self.wrap(t, host=host)
-        # An activation goes to the device when an op first reads it (tensors.DT).
-        d = DT(None, pending=(self, [np.array(a, np.float32) for a in arrays]))
+        # An activation goes to the device when an op first reads it (tensors.DT); one that a
+        # pass may take (replicated) is held padded to the pass's bucket, in a host buffer
+        # used again once the rows went to the devices (fresh 20 MB buffers cost their page
+        # faults every chunk).
+        padded = meta.rows if len(arrays) > 1 else bucket_rows(meta.rows)
+        held = []
+        for a in arrays:
+            h = self.row_buffer((1, 1, padded, meta.cols))
+            h[:, :, : meta.rows] = a
+            h[:, :, meta.rows :] = 0.0
+            held.append(h)
+        d = DT(None, pending=(self, held, meta.rows))
         self._live.add(d)
         return d
+
+    # Host row buffers kept for the next uploads, per shape.
+    ROW_BUFFERS = 2
+
+    def row_buffer(self, shape):
+        """An f32 host buffer of `shape` (values unset): a kept one, else a new one."""
+        kept = self.__dict__.setdefault("_row_buffers", {}).get(shape)
+        return kept.pop() if kept else np.empty(shape, np.float32)
+
+    def return_row_buffers(self, arrays):
+        """Host buffers an upload no longer needs (tensors.DT), kept for the next ones."""
+        pool = self.__dict__.setdefault("_row_buffers", {})
+        for a in arrays:
+            kept = pool.setdefault(a.shape, [])
+            if len(kept) < self.ROW_BUFFERS:
+                kept.append(a)
 
     def _device_part(self, t, device):
         """Device `device`'s shard of mesh tensor `t`, read back to the host."""

@@ -17,6 +17,9 @@ only replayed. Checked:
 - a continuing pass from states that are not the live ones (a prefix-cache slot's copies)
   equals the one continuing in place, and a state the caller kept (not consumed) is still
   readable after later passes (materialized before they overwrite the live buffers);
+- batched passes (packing): 3 requests in blocks keeping 2 prefixes' states, then 2 tails
+  continuing one kept prefix, each eagerly and replayed, equal the batched layer ops one by
+  one (rows and kept states) bit for bit;
 - the planted missing copy (CLEF_TT_GOLDEN_MUTATE=stale_input: the rows not written before a
   replay) makes a replayed pass differ: run in a child process, it must fail.
 
@@ -60,22 +63,27 @@ class Model:
         a = np.frombuffer(self.m.download(meta, obj, 0), np.float32)
         return a.reshape(meta.rows, meta.cols)
 
-    def layers(self, h, t, start, states):
-        """The per-layer path: (final rows, states)."""
+    def layers(self, h, t, start, states, batch=None, each=None):
+        """The per-layer path: (final rows, states; a batch: each kept prefix's states)."""
         b, w, m = self.b, self.w, self.m
         out = []
+        positions = b.positions(start, each or t)
         for kind, st in zip(KINDS, states):
             if kind == "A":
-                h, st = b.attention_layer(w, h, t, st, b.positions(start, t))
+                res = b.attention_layer(w, h, t, st, positions, batch)
             else:
-                h, st = b.delta_layer(w, h, t, st)
+                res = b.delta_layer(w, h, t, st, batch)
+            h, st = (res, []) if batch and not batch.get("keep") else res
             out.append(st)
             h = b.mlp_layer(w, h, t)
         y = m.rms_norm(h, w["norm"], B.HIDDEN, B.EPS, 1)
+        if batch:
+            # Per kept prefix, its layers' states.
+            out = [list(s) for s in zip(*out)] if any(batch.get("keep") or []) else []
         return (self.meta(t, B.HIDDEN), y), out
 
-    def run_pass(self, rows, t, start, states, consume):
-        """The pass op: (final rows, states)."""
+    def run_pass(self, rows, t, start, states, consume, batch=None, each=None):
+        """The pass op: (final rows, states; a batch: each kept prefix's states)."""
         w = self.w
         tensors, specs = [rows, w["norm"]], []
         for kind, st in zip(KINDS, states):
@@ -102,22 +110,70 @@ class Model:
                 )
             )
         p = dict(layers=specs, eps=B.EPS, config=B.CFG, start=start, consume=consume)
-        results = self.m.layer_op("pass", tensors, p, self.b.positions(start, t))
+        if batch:
+            p["batch"] = batch
+        results = self.m.layer_op("pass", tensors, p, self.b.positions(start, each or t))
         out, it = (self.meta(t, B.HIDDEN), results[0]), iter(results[1:])
         kv_cols, ch = B.KV_HEADS * B.HEAD_DIM, 2 * B.NK * B.DK + B.NV * B.DV
-        states = []
+        kept = [n for n in batch.get("keep") or []] if batch else [start + t]
+        kept = [n for n in kept if n]
+        per = [[] for _ in kept]
         for kind in KINDS:
-            a, c = next(it), next(it)
-            if kind == "A":
-                states.append(
-                    ((self.meta(start + t, kv_cols), a), (self.meta(start + t, kv_cols), c))
-                )
-            else:
-                states.append(((self.meta(3, ch), a), (self.meta(B.NV * B.DK, B.DV), c)))
-        return out, states
+            for i, n in enumerate(kept):
+                a, c = next(it), next(it)
+                if kind == "A":
+                    per[i].append(((self.meta(n, kv_cols), a), (self.meta(n, kv_cols), c)))
+                else:
+                    per[i].append(((self.meta(3, ch), a), (self.meta(B.NV * B.DK, B.DV), c)))
+        return out, (per if batch else per[0])
 
     def state_values(self, states):
         return [self.values(s) for st in states for s in st]
+
+
+def batched(model):
+    """Batched passes (packing): fresh requests keeping prefixes' states, then tails of one
+    kept prefix continuing it; each form run eagerly, then captured and replayed, against the
+    batched layer ops one by one."""
+    b, m = model.b, model.m
+    none = [None] * len(KINDS)
+
+    def rows(lengths, each):
+        v = np.zeros((len(lengths) * each, B.HIDDEN), np.float32)
+        for i, n in enumerate(lengths):
+            v[i * each : i * each + n] = b.values((n, B.HIDDEN))
+        return v
+
+    def upload(v):
+        meta = Meta(v.shape[0], B.HIDDEN, m.n, F32, TILE, ACTIVATION, REPLICATED)
+        return meta, m.upload(meta, [v.tobytes()])
+
+    fresh = {"requests": 3, "lengths": [100, 70, 64], "keep": [64, 0, 64]}
+    v = rows(fresh["lengths"], 128)
+    ref, ref_kept = model.layers(upload(v), 384, 0, none, fresh, 128)
+    want = [model.values(ref)] + [x for st in ref_kept for x in model.state_values(st)]
+    got_kept = None
+    for turn in ("eager", "replayed"):
+        got, got_kept = model.run_pass(upload(v), 384, 0, none, False, fresh, 128)
+        have = [model.values(got)] + [x for st in got_kept for x in model.state_values(st)]
+        check(
+            "batch of 3 keeping 2 prefixes (%s) = the batched layer ops" % turn,
+            same(have, want),
+            "max %.2e" % worst(have, want),
+        )
+    # Two tails of 40 and 50 rows continuing the first kept prefix (64 rows).
+    tails = {"requests": 2, "lengths": [40, 50]}
+    v = rows(tails["lengths"], 64)
+    ref, _ = model.layers(upload(v), 128, 64, ref_kept[0], tails, 64)
+    want = model.values(ref)
+    for turn in ("eager", "replayed"):
+        got, _ = model.run_pass(upload(v), 128, 64, got_kept[0], False, tails, 64)
+        have = model.values(got)
+        check(
+            "batch of 2 tails continuing a kept prefix (%s) = the batched layer ops" % turn,
+            same([have], [want]),
+            "max %.2e" % worst([have], [want]),
+        )
 
 
 def same(a, b):
@@ -216,6 +272,7 @@ def main():
         same(got, results[0][0]) and same(model.state_values(gs2), results[0][1]),
         "max %.2e" % worst(got, results[0][0]),
     )
+    batched(model)
     print("pass counts:", m.pass_counts, "traces:", m.trace_facts())
 
     # The planted missing copy: the same checks with the rows not written before a replay.
