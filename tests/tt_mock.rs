@@ -246,6 +246,30 @@ fn runtime_calls(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Each request twice in a row, a new state then the same state again (a prefix-cache hit for
+/// those long enough to cache: the slot's KV pages, DeltaNet states and conv carries on the
+/// device), each answered with `want`'s status and answer shape; the hits on the repeats.
+fn answer_twice(
+    agent: &ureq::Agent,
+    base: &str,
+    all: &[&(String, String)],
+    want: &[(u16, Vec<String>)],
+    label: &str,
+) -> usize {
+    let mut hits = 0;
+    for ((id, body), (status, shape)) in all.iter().map(|r| (&r.0, &r.1)).zip(want) {
+        for pass in ["new", "repeated"] {
+            let (got, answer, cache) = post(agent, base, body);
+            assert_eq!(got, *status, "{label} {pass} {id}: {answer}");
+            if got == 200 {
+                assert_eq!(&structure(&answer), shape, "{label} {pass} {id}");
+            }
+            hits += usize::from(pass == "repeated" && cache == "hit");
+        }
+    }
+    hits
+}
+
 #[test]
 fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
     let Some(shim) = kit() else { return };
@@ -277,22 +301,7 @@ fn every_golden_is_served_on_the_mock_p150x2_under_selected_and_bf16() {
             &[],
             &log,
         );
-        // Each request twice in a row: a new state, then the same state again (a prefix-cache
-        // hit for those long enough to cache: the slot's KV pages, DeltaNet states and conv
-        // carries copied on the device).
-        let mut hits = 0;
-        for ((id, body), (status, shape)) in all.iter().map(|r| (&r.0, &r.1)).zip(&want) {
-            for pass in ["new", "repeated"] {
-                let (got, answer, cache) = post(&agent, &base, body);
-                assert_eq!(got, *status, "{profile} {pass} {id}: {answer}");
-                if got == 200 {
-                    assert_eq!(&structure(&answer), shape, "{profile} {pass} {id}");
-                }
-                if pass == "repeated" && cache == "hit" {
-                    hits += 1;
-                }
-            }
-        }
+        let hits = answer_twice(&agent, &base, &all, &want, profile);
         drop::<Server>(server);
         let text = std::fs::read_to_string(&log).unwrap();
         let tt_log = tt_metal_log(&log);
@@ -390,18 +399,14 @@ fn tiny_clef_g27_is_served_from_traces_on_the_mock_p150x2() {
     );
     let warm = metrics(&agent, &base);
     assert!(metric(&warm, "clef_traces{worker=\"0\"}") >= 8, "{warm}");
-    let mut hits = 0;
-    for (id, body) in all.iter().map(|r| (&r.0, &r.1)) {
-        let (status, answer, _) = post(&cpu, &cpu_base, body);
-        for pass in ["new", "repeated"] {
-            let (got, got_answer, cache) = post(&agent, &base, body);
-            assert_eq!(got, status, "{pass} {id}: {got_answer}");
-            if got == 200 {
-                assert_eq!(structure(&got_answer), structure(&answer), "{pass} {id}");
-            }
-            hits += usize::from(pass == "repeated" && cache == "hit");
-        }
-    }
+    let want: Vec<(u16, Vec<String>)> = all
+        .iter()
+        .map(|(_, body)| {
+            let (status, answer, _) = post(&cpu, &cpu_base, body);
+            (status, structure(&answer))
+        })
+        .collect();
+    let hits = answer_twice(&agent, &base, &all, &want, "bf16");
     assert!(hits >= 9, "{hits} prefix-cache hits on the repeated states");
     let eager = |t: &str, why: &str| {
         metric(
@@ -579,7 +584,7 @@ fn clef_27b_is_placed_on_the_mock_p150x2_by_its_allocator_an_f32_kv_cache_is_ref
         "prefix cache: 4 slots x 16384 tokens",
         "traced passes: KV of 2 prompts of 20480 tokens in flight",
         "traced passes: live DeltaNet state",
-        "traces: intermediates of 8 forms, reserved",
+        "traces: their intermediates' arena (1024-row pass)",
         "one 1024-token chunk",
         "**total**",
     ] {

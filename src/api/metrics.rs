@@ -246,7 +246,11 @@ fn render_passes(out: &mut String, passes: &[clef_device::PassStats]) {
             );
         }
     }
-    type Gauge = (&'static str, &'static str, fn(&clef_device::PassStats) -> u64);
+    type Gauge = (
+        &'static str,
+        &'static str,
+        fn(&clef_device::PassStats) -> u64,
+    );
     let gauges: [Gauge; 4] = [
         (
             "clef_prefill_forms",

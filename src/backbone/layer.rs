@@ -31,15 +31,7 @@ impl<B: MeshOps> Backbone<B> {
         cache: Option<(&'a B::Tensor, &'a B::Tensor)>,
         positions: &'a [[u32; 3]],
     ) -> Option<AttentionLayer<'a, B::Tensor, B::Weight>> {
-        let MixerWeights::Attention {
-            qkv,
-            q_norm,
-            k_norm,
-            o_proj,
-        } = &lw.mixer
-        else {
-            return None;
-        };
+        let (qkv, q_norm, k_norm, o_proj) = lw.mixer.attention()?;
         let spec = self.attention_spec();
         Some(AttentionLayer {
             h,
@@ -66,17 +58,7 @@ impl<B: MeshOps> Backbone<B> {
         lw: &'a LayerWeights<B::Weight>,
         carried: Option<(&'a B::Tensor, &'a B::Tensor)>,
     ) -> Option<DeltaNetLayer<'a, B::Tensor, B::Weight>> {
-        let MixerWeights::DeltaNet {
-            in_proj,
-            conv,
-            a_log,
-            dt_bias,
-            norm,
-            out_proj,
-        } = &lw.mixer
-        else {
-            return None;
-        };
+        let (in_proj, conv, a_log, dt_bias, norm, out_proj) = lw.mixer.delta_net()?;
         Some(DeltaNetLayer {
             h,
             norm: &lw.input_norm,

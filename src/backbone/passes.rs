@@ -121,14 +121,11 @@ impl<B: MeshOps> Backbone<B> {
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, lw) in self.layers.iter().enumerate() {
             let prev = state.map(|s| &s.layers[i]);
-            let mixer = match (&lw.mixer, prev) {
+            let all_reduce = self.all_reduces(i);
+            let mixer = match (lw.mixer.attention(), lw.mixer.delta_net(), prev) {
                 (
-                    MixerWeights::Attention {
-                        qkv,
-                        q_norm,
-                        k_norm,
-                        o_proj,
-                    },
+                    Some((qkv, q_norm, k_norm, o_proj)),
+                    _,
                     None | Some(LayerState::Attention { .. }),
                 ) => PassMixer::Attention {
                     norm: &lw.input_norm,
@@ -142,17 +139,11 @@ impl<B: MeshOps> Backbone<B> {
                     },
                     spec: attention,
                     rope: self.rope_spec(attention.heads),
-                    all_reduce: self.all_reduces(i),
+                    all_reduce,
                 },
                 (
-                    MixerWeights::DeltaNet {
-                        in_proj,
-                        conv,
-                        a_log,
-                        dt_bias,
-                        norm,
-                        out_proj,
-                    },
+                    _,
+                    Some((in_proj, conv, a_log, dt_bias, gated_norm, out_proj)),
                     None | Some(LayerState::DeltaNet { .. }),
                 ) => PassMixer::DeltaNet {
                     norm: &lw.input_norm,
@@ -160,14 +151,14 @@ impl<B: MeshOps> Backbone<B> {
                     conv,
                     a_log,
                     dt_bias,
-                    gated_norm: norm,
+                    gated_norm,
                     out_proj,
                     carried: match prev {
                         Some(LayerState::DeltaNet { conv, recurrent }) => Some((conv, recurrent)),
                         _ => None,
                     },
                     spec: delta,
-                    all_reduce: self.all_reduces(i),
+                    all_reduce,
                 },
                 _ => return None,
             };
@@ -176,7 +167,7 @@ impl<B: MeshOps> Backbone<B> {
                 post_norm: &lw.post_norm,
                 gate_up: &lw.gate_up,
                 down: &lw.down,
-                mlp_all_reduce: self.all_reduces(i),
+                mlp_all_reduce: all_reduce,
             });
         }
         Some(layers)

@@ -59,6 +59,36 @@ pub enum MixerWeights<W> {
     },
 }
 
+impl<W> MixerWeights<W> {
+    /// An attention mixer's qkv|gate, q_norm, k_norm and o_proj.
+    pub(super) fn attention(&self) -> Option<(&W, &W, &W, &W)> {
+        match self {
+            MixerWeights::Attention {
+                qkv,
+                q_norm,
+                k_norm,
+                o_proj,
+            } => Some((qkv, q_norm, k_norm, o_proj)),
+            MixerWeights::DeltaNet { .. } => None,
+        }
+    }
+
+    /// A DeltaNet mixer's in_proj, conv, A_log, dt_bias, gated norm and out_proj.
+    pub(super) fn delta_net(&self) -> Option<(&W, &W, &W, &W, &W, &W)> {
+        match self {
+            MixerWeights::DeltaNet {
+                in_proj,
+                conv,
+                a_log,
+                dt_bias,
+                norm,
+                out_proj,
+            } => Some((in_proj, conv, a_log, dt_bias, norm, out_proj)),
+            MixerWeights::Attention { .. } => None,
+        }
+    }
+}
+
 /// The checkpoint's tensors under one name prefix (the text model's, the vision tower's), as
 /// a source of planned weights.
 pub struct CheckpointSource<'a> {

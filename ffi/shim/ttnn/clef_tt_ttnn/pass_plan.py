@@ -38,7 +38,8 @@ class PassCtx:
         self.layer, self.eps = 0, 0.0
         # Whether the pass replays a trace (only the golden-shadow mutations ask).
         self.replaying = False
-        self.rope = None
+        # The rope tables: the inputs, and the tiles the pass makes of them (rope_heads reads).
+        self.rope_in = self.rope = None
         self.mask = self.row_mask = self.actual_end = None
         self.fill = self.read = self.start_t = None
         self.kept_fills, self.cont_fills = [], []
@@ -59,14 +60,16 @@ class PassCtx:
         self.rows_in = get("rows", (1, 1, tb, hidden), ttnn.float32, rm)
         self.out = get("out", (1, 1, tb, hidden), ttnn.bfloat16, rm)
         n, half = int(tables[0]), int(tables[1])
-        self.rope = tuple(
-            get(name, (1, 1, form.rope_rows, 2 * half), mesh.act_dtype, tile) for name in "cs"
+        # The rope tables as the core computed them (f32 rows; the pass makes them tiles).
+        self.rope_in = tuple(
+            get(name, (1, 1, form.rope_rows, 2 * half), ttnn.float32, rm) for name in "cs"
         )
-        for dev, raw in zip(self.rope, (tables[2], tables[3])):
-            a = np.frombuffer(bytes(raw), dtype=np.float32).reshape(n, half)
+        for dev, raw in zip(self.rope_in, (tables[2], tables[3])):
+            a = np.frombuffer(raw, dtype=np.float32).reshape(n, half)
             full = np.zeros((1, 1, form.rope_rows, 2 * half), np.float32)
-            full[0, 0, :n] = np.concatenate([a, a], axis=1)
-            self.writes.append((dev, full, mesh.act_dtype, tile))
+            full[0, 0, :n, :half] = a
+            full[0, 0, :n, half:] = a
+            self.writes.append((dev, full, ttnn.float32, rm))
         self.start_t = get("start", (1,), ttnn.int32, rm)
         self.writes.append((self.start_t, np.asarray([start], np.int32), ttnn.int32, rm))
         if form.batch is None:

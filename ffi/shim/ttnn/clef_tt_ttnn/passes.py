@@ -44,6 +44,7 @@ import os
 
 import numpy as np
 
+from .delta import CARRY_FORM
 from .kv_cache import KV, Hold, SharedPools
 from .meta import ACTIVATION, BF16, KV_BLOCK, REPLICATED, TILE, Meta, round_up
 from .pass_plan import PassCtx
@@ -125,6 +126,8 @@ class PassOps:
         self.kept_sets = {}
         self.pass_seen = {}
         self.pass_untraced = {}
+        # The layer forms checked per shape of pass (and which MLPs compose the fine ops).
+        self.pass_checked = {}
         self.pass_counts = {"traced": 0, "eager": {}}
         self.pass_kv_tokens = DEFAULT_KV_TOKENS
         self.pass_mode = trace_mode()
@@ -268,6 +271,9 @@ class PassOps:
     def pass_op(self, tensors, p, tables):
         if self.pass_mode == "off":
             _refuse("whole passes are off (CLEF_TT_TRACE=0)")
+        if CARRY_FORM != "kernel":
+            # The conv's carry cut by slices at the pass's last row would take pad rows.
+            _refuse("the conv carry cut by slices (CLEF_TT_GDN_CARRY=%s)" % CARRY_FORM)
         rows, final, layers = self._pass_layers(tensors, p)
         t = rows[0].rows
         if tables is None:
@@ -284,8 +290,21 @@ class PassOps:
         states = [x.state for x in layers if x.kind == "delta_net"]
         form.fresh = all(s[0] is None for s in states)
         form.continuing = batch is not None and not form.fresh
-        h_meta = Meta(form.rows, rows[0].cols, self.n, BF16, TILE, ACTIVATION, REPLICATED)
-        self._check_forms(layers, h_meta, int(tables[1]), form)
+        weights = tuple(id(w[1]) for x in layers for w in x.mixer + x.mlp) + (id(final[1]),)
+        shape = (
+            form.rows,
+            form.rope_rows,
+            int(tables[1]),
+            None if batch is None else (form.count, tuple(form.keep), form.continuing),
+            hash(weights),
+        )
+        fine = self.pass_checked.get(shape)
+        if fine is None:
+            h_meta = Meta(form.rows, rows[0].cols, self.n, BF16, TILE, ACTIVATION, REPLICATED)
+            self._check_forms(layers, h_meta, int(tables[1]), form)
+            fine = self.pass_checked[shape] = [x.mlp_fine for x in layers]
+        for x, f in zip(layers, fine):
+            x.mlp_fine = f
         first = layers[attention[0]].mixer_p
         kvh, d = int(first["kv_heads"]), int(first["head_dim"])
         if self.kv_shared is None:
@@ -296,7 +315,6 @@ class PassOps:
             _refuse("KV and DeltaNet states of different starts")
         reach = start + (form.each if form.continuing else form.rows)
         form.width = max(32, 1 << (-(-reach // KV_BLOCK) - 1).bit_length())
-        weights = tuple(id(w[1]) for x in layers for w in x.mixer + x.mlp) + (id(final[1]),)
         form.key = (
             form.rows,
             form.rope_rows,
@@ -466,13 +484,14 @@ class PassOps:
         ttnn = self.ttnn
         rows = form.rows
         h_meta = Meta(rows, ctx.rows_in.shape[-1], self.n, BF16, TILE, ACTIVATION, REPLICATED)
-        half = ctx.rope[0].shape[-1] // 2
+        half = ctx.rope_in[0].shape[-1] // 2
         tables = (form.rope_rows, half, None, None)
         kept = [self.kept_set(form, b) for b, n in enumerate(form.keep) if n and form.batch]
         self.pass_ctx = ctx
         try:
             tiles = self.to_tile(ctx.rows_in)
             h = (h_meta, View(self.typecast(tiles, self.act_dtype), rows))
+            ctx.rope = tuple(self.typecast(self.to_tile(x), self.act_dtype) for x in ctx.rope_in)
             for i, x in enumerate(layers):
                 ctx.layer = i
                 if x.kind == "attention":
@@ -500,7 +519,10 @@ class PassOps:
             )
             self.tt.call("copy", ttnn.copy, rm, ctx.out)
         finally:
+            # Nothing made inside the pass outlives it (a capture's intermediates are freed
+            # before it ends: trace.py).
             self.pass_ctx = None
+            ctx.rope = None
 
     def _mlp_fine(self, h, layer):
         """An MLP sublayer from the fine ops, as src/backbone/layer.rs composes it where the

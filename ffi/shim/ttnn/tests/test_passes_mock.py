@@ -273,6 +273,16 @@ def main():
         "max %.2e" % worst(got, results[0][0]),
     )
     batched(model)
+    # A tensor allocated while traces exist lands outside every range their replays write (the
+    # arena's placeholders hold them).
+    ttnn = m.ttnn
+    late = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, 2048, 2048]), ttnn.bfloat16, ttnn.TILE_LAYOUT, m.device, m.dram
+    )
+    a = int(late.buffer_address())
+    b = a + m.footprint(late) // m.dram_banks
+    hit = [r for t in m.traces.values() for r in t.ranges if r[0] < b and a < r[1]]
+    check("a tensor allocated after captures lands outside their arena", not hit, str(hit[:2]))
     print("pass counts:", m.pass_counts, "traces:", m.trace_facts())
 
     # The planted missing copy: the same checks with the rows not written before a replay.
