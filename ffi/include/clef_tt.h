@@ -222,7 +222,8 @@ typedef struct clef_tt_tensor_info {
 } clef_tt_tensor_info;
 
 int clef_tt_tensor_info_get(const clef_tt_tensor *t, clef_tt_tensor_info *out);
-/* Device `device`'s part as row-major f32 [rows, cols] (matrices decoded); `capacity` floats. */
+/* Device `device`'s part as row-major f32 [rows, cols] (matrices decoded); `capacity` floats.
+   On success every one of the rows * cols values is written. */
 int clef_tt_tensor_download(const clef_tt_tensor *t, uint32_t device, float *out, size_t capacity);
 /* Device `device`'s part as uploaded (tile bytes of a matrix, f32 rows otherwise), for a
  * tensor cache; `capacity` bytes. */

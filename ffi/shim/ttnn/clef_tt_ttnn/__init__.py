@@ -6,7 +6,8 @@ computes.
 Layout (mirrors ffi/shim/backend.hpp):
 - backend.py   `Backend`: version check, visible chips, open / open_parent / open_submesh
 - mesh.py      `Mesh` (DeviceMesh): device ids, memory, op statistics, close
-- transfers.py upload / download / read_stored / device_bytes / copy / free
+- transfers.py upload / download / read_stored / device_bytes / copy / free (staging.py the
+               host buffers written to the devices with no conversion)
 - text_ops.py  linear, all_reduce, split_cols, add, rms_norm, swiglu, split_query_gate, rope,
                mul_sigmoid
 - kv_cache.py  append_rows (the paged KV cache); attention.py causal_attention,

@@ -23,7 +23,7 @@ from .layers import LayerOps
 from .meta import ACTIVATION, BF16, DTYPE_NAMES, F32, MATRIX, VECTOR, as_meta
 from .meta import describe as meta_text
 from .passes import PassOps
-from .persistent import View
+from .persistent import LiveState, View
 from .programs import eltwise_cores
 from .tensors import DT, Helpers
 from .text_ops import TextOps
@@ -212,7 +212,6 @@ class Mesh(
         DeltaNet gates and states —, matrices in their dtype, vectors f32 row-major). Placement
         is not visible in a ttnn tensor and is not checked. Raises ValueError naming both."""
         meta = as_meta(meta)
-        ttnn = self.ttnn
         if meta.devices != self.n:
             raise ValueError(
                 "result check: a %s for %d devices on a mesh of %d"
@@ -226,12 +225,25 @@ class Mesh(
                     % (meta_text(meta), obj.rows, p.heads, p.d)
                 )
             return
+        if isinstance(obj, LiveState) and obj.current():
+            # A pass's DeltaNet state in its set's buffers: their shapes are checked once.
+            key = (obj.layer, obj.which, meta)
+            if key in obj.live.checked:
+                return
+            self._check_tensor(meta, obj)
+            obj.live.checked.add(key)
+            return
         if isinstance(obj, DT) and obj._t is None and obj.pending is not None:
             # An upload still on the host (tensors.DT): its arrays have the shape.
             a, rows = obj.pending[1][0], obj.pending[2]
             if (rows, a.shape[-1]) != (meta.rows, meta.cols) or meta.role != ACTIVATION:
                 raise ValueError("result check: %s, got host rows %s" % (meta_text(meta), a.shape))
             return
+        self._check_tensor(meta, obj)
+
+    def _check_tensor(self, meta, obj):
+        """`check` of a result held as one ttnn tensor (`obj.t`)."""
+        ttnn = self.ttnn
         t = obj.t
         shape = tuple(int(d) for d in t.shape)
         if isinstance(obj, View):

@@ -64,14 +64,14 @@ class PassCtx:
         self.rope_in = tuple(
             get(name, (1, 1, form.rope_rows, 2 * half), ttnn.float32, rm) for name in "cs"
         )
-        for dev, raw in zip(self.rope_in, (tables[2], tables[3])):
+        for name, dev, raw in zip("cs", self.rope_in, (tables[2], tables[3])):
             a = np.frombuffer(raw, dtype=np.float32).reshape(n, half)
-            full = np.zeros((1, 1, form.rope_rows, 2 * half), np.float32)
+            full = self._staged(name, dev, ttnn.float32)
             full[0, 0, :n, :half] = a
             full[0, 0, :n, half:] = a
-            self.writes.append((dev, full, ttnn.float32, rm))
+            full[0, 0, n:] = 0.0
         self.start_t = get("start", (1,), ttnn.int32, rm)
-        self.writes.append((self.start_t, np.asarray([start], np.int32), ttnn.int32, rm))
+        self._staged("start", self.start_t, ttnn.int32)[0] = start
         if form.batch is None:
             self._plan_solo(rows_meta.rows, base, width)
         elif form.continuing:
@@ -87,11 +87,17 @@ class PassCtx:
         for blocks in self.kept_blocks + self.cont_blocks + [self.new]:
             shared.hold(blocks)
 
+    def _staged(self, name, dev, dtype):
+        """The host buffer of persistent input `dev` (ROW_MAJOR, `dtype`), written to it before
+        the pass runs; the caller fills it."""
+        host = self.mesh.pass_host(name, tuple(dev.shape), dtype)
+        self.writes.append((dev, host, dtype, self.mesh.ttnn.ROW_MAJOR_LAYOUT))
+        return host
+
     def _table(self, name, ids, shape):
         ttnn = self.mesh.ttnn
         t = self.mesh.pass_tensor(name, shape, ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)
-        table = np.asarray(ids, np.int32).reshape(shape)
-        self.writes.append((t, table, ttnn.int32, ttnn.ROW_MAJOR_LAYOUT))
+        self._staged(name, t, ttnn.int32)[...] = np.asarray(ids, np.int32).reshape(shape)
         return t
 
     def _take(self, rows, first_row=0):
@@ -114,7 +120,7 @@ class PassCtx:
             "read_table", self.blocks + [trash] * (width - len(self.blocks)), (1, width)
         )
         self.actual_end = mesh.pass_tensor("actual_end", (1,), ttnn.uint32, rm)
-        self.writes.append((self.actual_end, np.asarray([t], np.float32), ttnn.uint32, rm))
+        self._staged("actual_end", self.actual_end, ttnn.uint32)[0] = t
         self.mask = mesh.pass_tensor("row_mask", (1, 1, tb, 1), ttnn.float32, ttnn.TILE_LAYOUT)
         mask = np.zeros((1, 1, tb, 1), np.float32)
         mask[0, 0, :t] = 1.0

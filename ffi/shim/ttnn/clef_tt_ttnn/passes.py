@@ -49,6 +49,7 @@ from .kv_cache import KV, Hold, SharedPools
 from .meta import ACTIVATION, BF16, KV_BLOCK, REPLICATED, TILE, Meta, round_up
 from .pass_plan import PassCtx
 from .persistent import LiveState, StateSet, View
+from .staging import row_buffer
 from .trace import MODES, TraceError, trace_mode
 
 # Weights each layer kind's mixer takes, in the layer op's order.
@@ -120,6 +121,7 @@ class PassOps:
 
     def passes_init(self):
         self.pass_tensors = {}
+        self.pass_hosts = {}
         self.kv_shared = None
         self.live = StateSet()
         # The state sets of batched passes' kept prefixes, per block.
@@ -165,6 +167,15 @@ class PassOps:
             }
         raise NotImplementedError("no trace command %r (facts | configure)" % what)
 
+    def pass_host(self, name, shape, dtype):
+        """The host buffer (staging.RowBuffer) a persistent input of the passes is written
+        from: made once, filled before every pass."""
+        key = (name, tuple(shape), dtype)
+        buf = self.pass_hosts.get(key)
+        if buf is None:
+            buf = self.pass_hosts[key] = row_buffer(self.ttnn, tuple(shape), dtype)
+        return buf
+
     def pass_tensor(self, name, shape, dtype, layout):
         """A persistent input or output of the passes (allocated once, values unset)."""
         key = (name, tuple(shape))
@@ -194,11 +205,8 @@ class PassOps:
 
     def _write(self, t, array, dtype, layout):
         """Host values into persistent tensor `t` (replicated), outside any capture."""
-        ttnn = self.ttnn
-        host = self.tt.call(
-            "Tensor", ttnn.Tensor, np.ascontiguousarray(array), data_type=dtype, layout=layout
-        )
-        self.tt.call("copy_host_to_device_tensor", ttnn.copy_host_to_device_tensor, host, t)
+        host = self.staged_host(array, dtype, layout)
+        self.tt.call("copy_host_to_device_tensor", self.ttnn.copy_host_to_device_tensor, host, t)
 
     # -- parsing ----------------------------------------------------------------------------------
     def _pass_layers(self, tensors, p):
@@ -340,12 +348,21 @@ class PassOps:
             ctx.replaying = form.key in self.traces
             self.pass_writing = ctx
             try:
-                self._write_rows(ctx, rows)
+                held = self._write_rows(ctx, rows)
                 ctx.write()
             finally:
                 self.pass_writing = None
             self._execute(form, ctx, final, layers, delta_inputs)
-            return self._results(form, ctx, layers, start, t)
+            results = self._results(form, ctx, layers, start, t)
+        except BaseException:
+            # An unfinished write may still read the host buffers: the next pass gets new ones.
+            self.pass_hosts = {}
+            raise
+        else:
+            # The caller reads the rows next (a blocking read after the writes, on the same
+            # command queue), before any upload or pass fills the buffers again.
+            self.return_row_buffers([held])
+            return results
         finally:
             ctx.release()
 
@@ -402,7 +419,8 @@ class PassOps:
         return self.kept_sets.setdefault(block, StateSet())
 
     def _write_rows(self, ctx, rows):
-        """The rows into the pass's input, from the host (outside any capture)."""
+        """The rows into the pass's input, from the host (outside any capture). Returns the
+        host buffer they were written from."""
         ttnn = self.ttnn
         tb, t, hidden = ctx.form.rows, rows[0].rows, rows[0].cols
         held = rows[1].host_values()
@@ -416,8 +434,9 @@ class PassOps:
                 values = (values.astype(np.uint32) << 16).view(np.float32)
             held[0, 0, :t] = values.reshape(t, hidden)
             held[0, 0, t:] = 0.0
-        self._write(ctx.rows_in, held[:, :, :tb], ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
-        self.return_row_buffers([held])
+        whole = held if held.shape[2] == tb else held[:, :, :tb]
+        self._write(ctx.rows_in, whole, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
+        return held
 
     def _results(self, form, ctx, layers, start, t):
         """The pass's ABI results: its rows, then the states it leaves."""

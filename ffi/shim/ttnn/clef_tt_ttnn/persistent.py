@@ -62,8 +62,13 @@ class StateSet:
 
     def __init__(self):
         self.carry, self.state = {}, {}
+        # Per layer: (channels, rows, cols) its buffers were made for.
+        self.dims = {}
         self.gen = 0
         self.handles = weakref.WeakSet()
+        # The (layer, which, Meta) a handle's result check passed for (the mesh's `check`:
+        # the buffers keep their shapes).
+        self.checked = set()
 
     def tensors(self):
         return list(self.carry.values()) + list(self.state.values())
@@ -74,9 +79,10 @@ class StateSet:
     def ensure(self, mesh, layer, channels, rows, cols):
         """Layer `layer`'s buffers (carry [1, 1, 3, channels] bf16 ROW_MAJOR, state [1, 1, rows,
         cols] f32 TILE), allocated on first use (before any trace reads them)."""
-        if layer in self.carry:
-            c, s = self.carry[layer], self.state[layer]
-            if tuple(c.shape)[-1] != channels or tuple(s.shape)[-2:] != (rows, cols):
+        made = self.dims.get(layer)
+        if made is not None:
+            if made != (channels, rows, cols):
+                c, s = self.carry[layer], self.state[layer]
                 raise ValueError(
                     "DeltaNet layer %d: live buffers %s / %s, a pass of %d channels / [%d, %d]"
                     % (layer, list(c.shape), list(s.shape), channels, rows, cols)
@@ -96,6 +102,7 @@ class StateSet:
             mesh,
         )
         self.state[layer] = mesh.protect(mesh.zeros((1, 1, rows, cols), ttnn.float32), mesh)
+        self.dims[layer] = (channels, rows, cols)
 
     def handle(self, mesh, layer, which):
         h = mesh.track(LiveState(self, layer, which, self.gen))

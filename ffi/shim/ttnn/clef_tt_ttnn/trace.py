@@ -35,6 +35,7 @@ replays against) or `0` (no whole passes: the caller runs the layers one by one,
 traces). A mesh command changes it per mesh (passes.py).
 """
 
+import gc
 import os
 import time
 
@@ -90,7 +91,7 @@ class Traces:
 
     def traces_init(self):
         self.traces = {}
-        self.trace_counts = {"captures": 0, "replays": 0, "released": 0}
+        self.trace_counts = {"captures": 0, "replays": 0, "released": 0, "arena_resets": 0}
         # The arena's placeholders: one per merged range of every trace's intermediates.
         self.arena_plugs = []
 
@@ -127,12 +128,26 @@ class Traces:
         trace.ops = self.tt.total_calls() - calls0
         try:
             trace.ranges = self._captured_ranges(nodes)
-            self._plug_arena(trace.ranges)
+            try:
+                self._plug_arena(trace.ranges)
+            except TraceError:
+                # The older traces' ranges no longer plug where they were (the allocator's free
+                # space changed since their captures): they go (each is captured again when its
+                # form comes back), and the new one's ranges plug alone, as their own capture
+                # placed them.
+                self.trace_release_all()
+                self.trace_counts["arena_resets"] += 1
+                self._plug_arena(trace.ranges)
         except BaseException:
             self._unplug()
             ttnn.release_trace(self.device, tid)
             self._restore_arena()
             raise
+        # What lives now (weights, programs, the package) lives as long as the traces: the
+        # cyclic collector stops walking it after every few hundred allocations (~0.5-1 ms of
+        # a replayed 1,024-row chunk's host time), garbage of now collected first.
+        gc.collect()
+        gc.freeze()
         trace.capture_s = time.perf_counter() - t0
         self.traces[key] = trace
         self.trace_counts["captures"] += 1
@@ -203,28 +218,49 @@ class Traces:
         return merge(spans)
 
     def _plug_arena(self, extra=()):
-        """Plug the union of every trace's ranges and `extra` (a new capture's): TraceError
-        when a placeholder lands elsewhere, the arena left unplugged."""
+        """Plug the union of every trace's ranges and `extra` (a new capture's), in address
+        order. A placeholder that lands in a free gap below its range (the allocator places
+        first fit) stays there as a filler while the next try goes higher; the fillers are
+        freed at the end. TraceError when a placeholder lands over a range (part of it is
+        taken), the arena left unplugged."""
         ranges = merge([r for t in self.traces.values() for r in t.ranges] + list(extra))
+        fillers = []
+        try:
+            for a, b in ranges:
+                for _ in range(64):
+                    plug = self._placeholder(b - a)
+                    landed = int(plug.buffer_address())
+                    if landed == a:
+                        self.arena_plugs.append(plug)
+                        break
+                    fillers.append(plug)
+                    if landed + (b - a) > a and landed < b:
+                        raise TraceError(
+                            "a trace's intermediates at %d..%d could not be reserved (the "
+                            "placeholder landed at %d)" % (a, b, landed)
+                        )
+                else:
+                    raise TraceError("a trace's intermediates at %d..%d: no placeholder" % (a, b))
+        except BaseException:
+            self._unplug()
+            raise
+        finally:
+            for plug in fillers:
+                self.ttnn.deallocate(plug, force=True)
+
+    def _placeholder(self, nbytes):
+        """A DRAM buffer of at least `nbytes` per bank (64-byte aligned), interleaved over the
+        banks like the intermediates it stands in for."""
         ttnn = self.ttnn
         align = 64
-        for a, b in ranges:
-            size = -(-(b - a) // align) * align
-            rows = size // align * self.dram_banks
-            plug = ttnn.allocate_tensor_on_device(
-                ttnn.Shape([1, 1, rows, align // 2]),
-                ttnn.bfloat16,
-                ttnn.ROW_MAJOR_LAYOUT,
-                self.device,
-                self.dram,
-            )
-            self.arena_plugs.append(plug)
-            if int(plug.buffer_address()) != a:
-                self._unplug()
-                raise TraceError(
-                    "a trace's intermediates at %d..%d could not be reserved (the placeholder "
-                    "landed at %d)" % (a, b, int(plug.buffer_address()))
-                )
+        rows = -(-nbytes // align) * self.dram_banks
+        return ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, 1, rows, align // 2]),
+            ttnn.bfloat16,
+            ttnn.ROW_MAJOR_LAYOUT,
+            self.device,
+            self.dram,
+        )
 
     def _restore_arena(self):
         """The arena plugged as before a capture that failed; where it cannot be, every trace
@@ -232,8 +268,7 @@ class Traces:
         try:
             self._plug_arena()
         except TraceError:
-            for key in list(self.traces):
-                self.trace_release(key)
+            self.trace_release_all()
 
     def _unplug(self):
         for plug in self.arena_plugs:

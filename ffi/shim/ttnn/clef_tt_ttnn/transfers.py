@@ -13,7 +13,6 @@ one mesh tensor with `ttnn.from_host_shards`; a replicated part is copied to eve
 `host_buffer()` + dlpack and compare).
 """
 
-import itertools
 import os
 import tempfile
 
@@ -38,6 +37,7 @@ from .meta import (
 )
 from .passes import bucket_rows
 from .persistent import LiveState
+from .staging import RowBuffer, host_view, row_buffer
 from .tensors import DT
 
 _headers = {}
@@ -98,22 +98,6 @@ def host_matrix(ttnn, rows, cols, dtype, data):
 def host_bytes(t):
     """The raw bytes of a single-shard host tensor's buffer (a copy of `host_view`)."""
     return host_view(t).tobytes()
-
-
-def host_view(t):
-    """A 1-D uint8 array viewing (no copy) a single-shard host tensor's buffer (the shard may sit
-    at any mesh coordinate: a device's part read back keeps its device's coordinate). The view
-    keeps the buffer alive (dlpack's owner), not the tensor."""
-    import ttnn
-
-    buf = t.host_buffer()
-    shape = buf.shape()
-    dims = [int(shape[i]) for i in range(shape.dims())]
-    for coord in itertools.product(*[range(d) for d in dims]):
-        shard = buf.get_shard(ttnn.MeshCoordinate(*coord))
-        if shard is not None:
-            return np.from_dlpack(shard).reshape(-1)
-    raise ValueError("read_stored: the host tensor holds no shard")
 
 
 class Transfers:
@@ -177,9 +161,25 @@ class Transfers:
     ROW_BUFFERS = 2
 
     def row_buffer(self, shape):
-        """An f32 host buffer of `shape` (values unset): a kept one, else a new one."""
+        """An f32 host buffer of `shape` (values unset): a kept one, else a new `RowBuffer`."""
         kept = self.__dict__.setdefault("_row_buffers", {}).get(shape)
-        return kept.pop() if kept else np.empty(shape, np.float32)
+        return kept.pop() if kept else row_buffer(self.ttnn, shape)
+
+    def staged_host(self, array, dtype, layout):
+        """A ttnn host tensor holding `array`'s values: a whole `RowBuffer`'s own tensor (the
+        golden shadow told of the values written into it), else a new one."""
+        host = array.__dict__.get("host") if isinstance(array, RowBuffer) else None
+        if host is None or dtype != host.dtype or layout != self.ttnn.ROW_MAJOR_LAYOUT:
+            return self.tt.call(
+                "Tensor",
+                self.ttnn.Tensor,
+                np.ascontiguousarray(array),
+                data_type=dtype,
+                layout=layout,
+            )
+        if self.tt.shadow is not None:
+            self.tt.shadow.host_rewritten(host, np.asarray(array))
+        return host
 
     def return_row_buffers(self, arrays):
         """Host buffers an upload no longer needs (tensors.DT), kept for the next ones."""

@@ -114,6 +114,11 @@ class Shadow:
         else:
             self._host[id(t)] = (t, out)
 
+    def host_rewritten(self, t, data):
+        """Host tensor `t` borrows `data`'s memory, which the host wrote again (no ttnn call
+        saw it): its twin is the values now, as a new `ttnn.Tensor(data)` would have."""
+        ops.tensor(self, "Tensor", None, (data,), {}, t)
+
     def purge(self):
         """Drop the twins of tensors no longer alive. Between ABI ops (a download) the only
         device tensors alive are the mesh's ABI tensors (with their derived forms and KV pools)
