@@ -9,12 +9,14 @@
 //! shaping). `checkpoint` reads a Hugging Face snapshot; `precision` resolves the weight formats
 //! and device numerics of a profile; `tensor_cache` stores weights already packed for a mesh;
 //! `random` writes benchmark checkpoints; `perf_model` predicts a mesh's memory and chunk time
-//! from the plans; `bench` holds the measurements behind `clef-tt bench`.
+//! from the plans; `bench` holds the measurements behind `clef-tt bench`;
+//! `compare` checks a device layer by layer against the CPU (`clef-tt compare-layers`).
 
 pub mod api;
 pub mod backbone;
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod encode;
 pub mod engine;
 pub mod head;

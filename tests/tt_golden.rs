@@ -54,6 +54,7 @@ mod traced;
 use clef_device::tt::{MeshPlacement, Shim, TtMesh};
 use clef_device::MeshShape;
 use clef_tt::encode::LengthRule;
+use common::golden_kit::kit;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -62,46 +63,6 @@ use std::sync::Mutex;
 /// The band of the bf16 profile (tests/goldens.rs `check_bf16_goldens`, tests/media.rs).
 const BAND: f64 = 5e-2;
 const CHILD: &str = "CLEF_TT_GOLDEN_CHILD";
-
-/// The Python the shim embeds (interpreter.cpp: CLEF_TT_PYTHON, else $VIRTUAL_ENV/bin/python).
-fn shim_python() -> Option<String> {
-    if let Ok(p) = std::env::var("CLEF_TT_PYTHON") {
-        if !p.is_empty() {
-            return Some(p);
-        }
-    }
-    std::env::var("VIRTUAL_ENV")
-        .ok()
-        .map(|v| format!("{v}/bin/python"))
-}
-
-/// The ttnn shim, when it, the mock kit and torch are there.
-fn kit() -> Option<&'static str> {
-    let shim = tt_metal_sys::TTNN_SHIM;
-    let why = if shim.is_empty() || !Path::new(shim).is_file() {
-        "the ttnn shim was not built (CLEF_TT_PYTHON unset at build time)".to_string()
-    } else if std::env::var_os("TT_METAL_MOCK_CLUSTER_DESC_PATH").is_none() {
-        "the mock kit's environment is not set (source DIR/env.sh of ffi/ttnn-mock/setup.sh)"
-            .to_string()
-    } else {
-        match shim_python() {
-            None => "no CLEF_TT_PYTHON (the kit's env.sh sets it)".to_string(),
-            Some(py) => match Command::new(&py).args(["-c", "import torch"]).output() {
-                Ok(out) if out.status.success() => return Some(shim),
-                _ => format!(
-                    "torch does not import in {py} (the golden functions need it: \
-                     ffi/ttnn-mock/setup.sh --golden DIR adds it, ~4 GB with its CUDA packages)"
-                ),
-            },
-        }
-    };
-    assert!(
-        std::env::var("CLEF_REQUIRE_TT_GOLDEN").as_deref() != Ok("1"),
-        "CLEF_REQUIRE_TT_GOLDEN=1: {why}"
-    );
-    eprintln!("skipped: {why}");
-    None
-}
 
 fn jsonl(dir: &str, name: &str) -> Vec<Value> {
     std::fs::read_to_string(common::fixtures().join(dir).join(name))
@@ -112,11 +73,7 @@ fn jsonl(dir: &str, name: &str) -> Vec<Value> {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("tt_golden")
-        .join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::golden_kit::scratch("tt_golden", name)
 }
 
 /// This binary's `child_scores_the_goldens` in a child process with `CLEF_TT_GOLDEN=1`, the

@@ -22,7 +22,7 @@
 //! all rows before it splits them into blocks.
 
 use super::weights::MixerWeights;
-use super::{Backbone, LayerState, PrefillError, PrefillState};
+use super::{Backbone, LayerProbe, LayerState, PrefillError, PrefillState};
 use clef_device::{GatherAxis, HostTensor, MeshOps, RowBatch};
 
 /// What a batched pass gave.
@@ -89,6 +89,18 @@ impl<B: MeshOps> Backbone<B> {
         keep: &[usize],
         start: Option<&PrefillState<B::Tensor>>,
     ) -> Result<Batched<B::Tensor>, PrefillError> {
+        self.prefill_batched_probed(requests, keep, start, None)
+    }
+
+    /// [`Backbone::prefill_batched`], the layers one by one when `probe` is given (it sees every
+    /// layer's residual rows, each request's in order, and the kept prefixes' states).
+    pub fn prefill_batched_probed(
+        &self,
+        requests: &[(&HostTensor, &[[u32; 3]])],
+        keep: &[usize],
+        start: Option<&PrefillState<B::Tensor>>,
+        mut probe: Option<LayerProbe<'_, B::Tensor>>,
+    ) -> Result<Batched<B::Tensor>, PrefillError> {
         let hidden = self.config.hidden_size;
         let lengths: Vec<usize> = requests.iter().map(|(e, _)| e.rows).collect();
         let limit = self.batch_limit();
@@ -141,8 +153,12 @@ impl<B: MeshOps> Backbone<B> {
         let m = &self.mesh;
         let eps = self.config.rms_norm_eps;
         let rows_in = HostTensor::new(batch.rows(), hidden, padded);
-        // The whole pass in one call where the mesh runs it (traced on ttnn).
-        if let Some(done) = self.batched_pass(&rows_in, &positions, &batch, start) {
+        // The whole pass in one call where the mesh runs it (traced on ttnn), unless probed.
+        let whole = match probe {
+            None => self.batched_pass(&rows_in, &positions, &batch, start),
+            Some(_) => None,
+        };
+        if let Some(done) = whole {
             let (all, kept) = done?;
             return Ok(Self::batched_rows(
                 all, &lengths, &batch, keep, hidden, kept,
@@ -187,6 +203,12 @@ impl<B: MeshOps> Backbone<B> {
                 });
             }
             h = self.mlp(i, &mixed, lw, true, &mut untraced)?;
+            if let Some(probe) = probe.as_mut() {
+                let all = m.gather(&h, GatherAxis::Cols)?;
+                let rows = Self::request_rows(&all, &lengths, batch.each, hidden);
+                let layer: Vec<_> = states.iter().filter_map(|s| s.last()).collect();
+                probe(i, rows, &layer)?;
+            }
         }
         let y = m.rms_norm(&h, &self.final_norm, hidden, eps, true)?;
         let all = m.gather(&y, GatherAxis::Cols)?;
@@ -204,11 +226,7 @@ impl<B: MeshOps> Backbone<B> {
         hidden: usize,
         states: Vec<Vec<LayerState<B::Tensor>>>,
     ) -> Batched<B::Tensor> {
-        let mut rows = Vec::with_capacity(lengths.iter().sum::<usize>() * hidden);
-        for (i, n) in lengths.iter().enumerate() {
-            let at = i * batch.each * hidden;
-            rows.extend_from_slice(&all.data[at..at + n * hidden]);
-        }
+        let rows = Self::request_rows(&all, lengths, batch.each, hidden);
         let mut states = states.into_iter();
         let kept = keep
             .iter()
@@ -219,6 +237,16 @@ impl<B: MeshOps> Backbone<B> {
                 })
             })
             .collect();
-        Batched::Rows(HostTensor::new(rows.len() / hidden, hidden, rows), kept)
+        Batched::Rows(rows, kept)
+    }
+
+    /// Each request's rows (`lengths`) out of its block of `each` rows of `all`, in order.
+    fn request_rows(all: &HostTensor, lengths: &[usize], each: usize, hidden: usize) -> HostTensor {
+        let mut rows = Vec::with_capacity(lengths.iter().sum::<usize>() * hidden);
+        for (i, n) in lengths.iter().enumerate() {
+            let at = i * each * hidden;
+            rows.extend_from_slice(&all.data[at..at + n * hidden]);
+        }
+        HostTensor::new(rows.len() / hidden, hidden, rows)
     }
 }

@@ -92,6 +92,13 @@ pub enum HfLayerState {
 /// `tiny-qwen35` fixture, e.g. `layers.0.linear_attn.in_proj_qkv`).
 pub type Tracer<'a> = &'a mut dyn FnMut(&str, HostTensor);
 
+/// Receives, after every layer of a pass run layer by layer, the layer's index, the residual
+/// stream's rows (devices joined; a batched pass: each request's rows in order, pad rows
+/// dropped) and the states the layer leaves (per request; a batched pass: per kept prefix).
+/// For `clef-tt compare-layers` (`crate::compare`).
+pub type LayerProbe<'a, T> =
+    &'a mut dyn FnMut(usize, HostTensor, &[&LayerState<T>]) -> Result<(), DeviceError>;
+
 /// A lazily computed tensor for the tracer (only evaluated when a tracer is attached).
 type Lazy<'a> = &'a dyn Fn() -> Result<HostTensor, DeviceError>;
 /// The internal tracing hook: a name and a lazily computed tensor.
@@ -328,7 +335,8 @@ impl<B: MeshOps> Backbone<B> {
             rows: embedded.rows,
             start: state,
         };
-        let (hidden, mut states) = self.prefill_segments(embedded, positions, &[one], tracer)?;
+        let (hidden, mut states) =
+            self.prefill_segments(embedded, positions, &[one], tracer, None)?;
         let state = states
             .pop()
             .ok_or_else(|| PrefillError::State("a pass without a state".into()))?;
@@ -342,12 +350,14 @@ impl<B: MeshOps> Backbone<B> {
     /// the KV append and causal attention over its own keys. Positions are per row. Returns
     /// the final rows of all segments and each segment's state. A pass of several segments
     /// needs a mesh that [`MeshOps::packs_rows`]; it composes the mixers from the fine ops.
+    /// `probe` sees every layer's residual rows and states.
     pub fn prefill_segments(
         &self,
         embedded: &HostTensor,
         positions: &[[u32; 3]],
         segments: &[Segment<'_, B::Tensor>],
         mut tracer: Option<Tracer>,
+        mut probe: Option<LayerProbe<'_, B::Tensor>>,
     ) -> Result<PassResult<B::Tensor>, PrefillError> {
         let m = &self.mesh;
         let cfg = &self.config;
@@ -413,6 +423,13 @@ impl<B: MeshOps> Backbone<B> {
             trace(format!("layers.{i}.out"), &|| {
                 m.gather(&h, GatherAxis::Cols)
             });
+            if let Some(probe) = probe.as_mut() {
+                probe(
+                    i,
+                    m.gather(&h, GatherAxis::Cols)?,
+                    &states.iter().collect::<Vec<_>>(),
+                )?;
+            }
             for (n, state) in next.iter_mut().zip(states) {
                 n.push(state);
             }

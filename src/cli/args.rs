@@ -61,6 +61,17 @@ pub enum Command {
         #[arg(long)]
         goldens: PathBuf,
     },
+    /// Compare a device with the CPU layer by layer: every request of FILE (a request body
+    /// per line) runs on both under the profile, and every layer's outputs are compared
+    /// (docs/tenstorrent.md, "The layer trace"). Exit 0: all within tolerance; 1: something
+    /// is outside (the first layer and quantity named); 2: any other error.
+    CompareLayers {
+        #[command(flatten)]
+        placed: ProfileArgs,
+        #[command(flatten)]
+        limits: LengthArgs,
+        file: PathBuf,
+    },
     /// Write a tensor cache: the text weights split per device and packed for a mesh, a
     /// precision profile and a device backend, for `serve --tensor-cache`.
     Convert {

@@ -99,6 +99,46 @@ impl args::ProfileArgs {
     }
 }
 
+/// `compare-layers`: the reports printed; the first quantity outside its tolerance, if any.
+fn compare_layers(
+    placed: &args::ProfileArgs,
+    rule: LengthRule,
+    file: &std::path::Path,
+) -> anyhow::Result<Option<String>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let (ckpt, device, precision, layout) = placed.resolve()?;
+    let numerics = precision.numerics();
+    let cpu = clef_device::cpu::CpuMesh::new(layout.shape).with_numerics(numerics);
+    let reference = pipeline(&ckpt, cpu, &precision)?;
+    let stdout = std::io::stdout();
+    let reports = on_device!(&device, layout, numerics, |open| {
+        let tested = pipeline(&ckpt, open(0)?, &precision)?;
+        clef_tt::compare::run(
+            &reference,
+            &tested,
+            &text,
+            rule,
+            &precision.name,
+            &mut stdout.lock(),
+        )?
+    });
+    let first = reports.iter().find_map(|r| {
+        r.first_failure().map(|row| {
+            format!(
+                "line {}: {} (rel error {:.2e}, tolerance {:.0e}; worst {:.2e}, tolerance {:.0e})",
+                r.line, row.name, row.rel, row.tol.rel, row.worst, row.tol.worst
+            )
+        })
+    });
+    let within = reports
+        .iter()
+        .filter(|r| r.first_failure().is_none())
+        .count();
+    eprintln!("{within} of {} requests within tolerance", reports.len());
+    Ok(first)
+}
+
 /// The binary's entry point.
 pub fn main() -> anyhow::Result<()> {
     tune_allocator();
@@ -175,6 +215,21 @@ pub fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::CompareLayers {
+            placed,
+            limits,
+            file,
+        } => match compare_layers(&placed, limits.rule(), &file) {
+            Ok(None) => Ok(()),
+            Ok(Some(first)) => {
+                eprintln!("outside tolerance: {first}");
+                std::process::exit(1)
+            }
+            Err(e) => {
+                eprintln!("Error: {e:#}");
+                std::process::exit(2)
+            }
+        },
         Command::Convert { placed, out } => {
             let (ckpt, device, precision, layout) = placed.resolve()?;
             on_device!(&device, layout, precision.numerics(), |open| {

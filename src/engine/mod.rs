@@ -3,10 +3,12 @@
 //! spliced at the pad positions, M-RoPE positions) → joint head on the host → the reference's
 //! response.
 //! `worker` runs pipelines on worker threads behind a bounded queue; `prefix_cache` keeps the
-//! state prefixes a worker has seen recently; `serving` builds a server's workers; `eval` scores a profile against the reference's answers.
+//! state prefixes a worker has seen recently; `serving` builds a server's workers; `eval` scores a profile against the reference's answers;
+//! `layer_trace` reads a request's every layer back for `clef-tt compare-layers`.
 
 pub mod deadline;
 pub mod eval;
+pub mod layer_trace;
 mod packing;
 pub mod prefix_cache;
 pub mod serving;
@@ -137,6 +139,19 @@ struct VisionInput {
     positions: [Vec<u32>; 3],
     digest: Vec<u8>,
 }
+
+/// How a request's media go through the vision tower (`Pipeline::prepare_with`).
+enum TowerRun<'a> {
+    /// As served.
+    Plain,
+    /// Every block's output and the merger's rows to the probe (`layer_trace`); the text
+    /// model then takes the rows given, if any (the reference's, so that both sides of a
+    /// layer trace read the same input), else the tower's.
+    Probed(&'a mut TowerProbe<'a>, Option<&'a [f32]>),
+}
+
+/// Receives the vision tower's named outputs (`layer_trace`).
+type TowerProbe<'a> = dyn FnMut(&str, HostTensor) -> Result<(), clef_device::DeviceError> + 'a;
 
 /// A switch for fault-injection tests: a request it matches makes the pipeline panic after the
 /// model ran (the prefix cache already updated) and before the head. Only code sets it
@@ -338,6 +353,16 @@ impl<B: MeshOps> Pipeline<B> {
     /// A request up to the model: its length rule, media (decoded and through the vision
     /// tower) and encoded record. Every failure here is the request's own (4xx or its media).
     fn prepare(&self, req: &SystemOneRequest, rule: LengthRule) -> Result<Prepared, RequestError> {
+        self.prepare_with(req, rule, &mut TowerRun::Plain)
+    }
+
+    /// [`Pipeline::prepare`], the vision tower run as `tower` says.
+    fn prepare_with(
+        &self,
+        req: &SystemOneRequest,
+        rule: LengthRule,
+        tower: &mut TowerRun<'_>,
+    ) -> Result<Prepared, RequestError> {
         let rule = match rule {
             LengthRule::Server {
                 max_state,
@@ -362,7 +387,7 @@ impl<B: MeshOps> Pipeline<B> {
             EncodeError::Tokenizer(m) => RequestError::internal(format!("tokenizer: {m}")),
         })?;
         let vision = match &media {
-            Some(m) => Some(self.vision_input(&record, m)?),
+            Some(m) => Some(self.vision_input(&record, m, tower)?),
             None => None,
         };
         Ok(Prepared {
@@ -451,6 +476,7 @@ impl<B: MeshOps> Pipeline<B> {
         &self,
         record: &EncodedRecord,
         media: &PreparedMedia,
+        run: &mut TowerRun<'_>,
     ) -> Result<VisionInput, RequestError> {
         let (tower, tokens) = self
             .vision
@@ -459,16 +485,33 @@ impl<B: MeshOps> Pipeline<B> {
         let positions = positions(&record.input_ids, tokens, media)?;
         let mesh = self.backbone.mesh();
         let mut rows = Vec::new();
-        for (pixels, grids) in [
-            (&media.pixel_values, &media.image_grids),
-            (&media.pixel_values_videos, &media.video_grids),
+        for (what, pixels, grids) in [
+            ("image", &media.pixel_values, &media.image_grids),
+            ("video", &media.pixel_values_videos, &media.video_grids),
         ] {
             if !grids.is_empty() {
-                let embedded = tower
-                    .embed(mesh, pixels, grids)
-                    .map_err(|e| RequestError::internal(format!("vision tower: {e}")))?;
+                let tower_err = |e| RequestError::internal(format!("vision tower: {e}"));
+                let embedded = match run {
+                    TowerRun::Plain => tower.embed(mesh, pixels, grids),
+                    TowerRun::Probed(probe, _) => {
+                        layer_trace::probed_tower(tower, mesh, pixels, grids, &mut |name, t| {
+                            probe(&format!("vision.{what}.{name}"), t)
+                        })
+                    }
+                }
+                .map_err(tower_err)?;
                 rows.extend(embedded);
             }
+        }
+        if let TowerRun::Probed(_, Some(given)) = run {
+            if given.len() != rows.len() {
+                return Err(RequestError::internal(format!(
+                    "{} vision values given for {}",
+                    given.len(),
+                    rows.len()
+                )));
+            }
+            rows = given.to_vec();
         }
         let pads_of = |pad: u32| {
             record

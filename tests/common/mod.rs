@@ -2,6 +2,7 @@
 //! fixture's pipeline under a precision profile.
 #![allow(dead_code)]
 
+pub mod golden_kit;
 pub mod hang;
 pub mod process;
 pub mod server;

@@ -126,7 +126,7 @@ impl<B: MeshOps> Pipeline<B> {
             let embedded = HostTensor::new(positions.len(), self.hidden, rows);
             let (hidden, states) = self
                 .backbone
-                .prefill_segments(&embedded, &positions, &segments, None)?;
+                .prefill_segments(&embedded, &positions, &segments, None, None)?;
             return Ok((hidden, states.into_iter().map(Some).collect(), true));
         }
         // A batch holds fresh whole prompts, or tails that all continue one state (hits of

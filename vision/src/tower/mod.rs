@@ -49,6 +49,9 @@ struct Block<W> {
     fc2: Linear<W>,
 }
 
+/// Receives a vision block's index and its output (`VisionTower::hidden_probed`).
+pub type BlockProbe<'a, T> = dyn FnMut(usize, &T) -> Result<(), DeviceError> + 'a;
+
 /// The tower placed on a mesh; the forward pass takes the mesh it was placed on.
 pub struct VisionTower<B: MeshOps> {
     shape: VisionShape,
@@ -204,6 +207,17 @@ impl<B: MeshOps> VisionTower<B> {
         pixel_rows: &[f32],
         grids: &[Grid],
     ) -> Result<B::Tensor, DeviceError> {
+        self.hidden_probed(mesh, pixel_rows, grids, &mut |_, _| Ok(()))
+    }
+
+    /// [`VisionTower::hidden`], calling `probe(j, x)` with block `j`'s output.
+    pub fn hidden_probed(
+        &self,
+        mesh: &B,
+        pixel_rows: &[f32],
+        grids: &[Grid],
+        probe: &mut BlockProbe<'_, B::Tensor>,
+    ) -> Result<B::Tensor, DeviceError> {
         let s = &self.shape;
         let patches: usize = grids.iter().map(Grid::patches).sum();
         if pixel_rows.len() != patches * s.patch_values
@@ -253,7 +267,7 @@ impl<B: MeshOps> VisionTower<B> {
         let cos = mesh.replicate(&HostTensor::new(patches, head_dim, inputs.cos))?;
         let sin = mesh.replicate(&HostTensor::new(patches, head_dim, inputs.sin))?;
         let width = heads * head_dim;
-        for b in &self.blocks {
+        for (j, b) in self.blocks.iter().enumerate() {
             let h = mesh.layer_norm(&x, &b.norm1.weight, &b.norm1.bias, NORM_EPS)?;
             let qkv = self.column_parallel(mesh, &h, &b.qkv)?;
             let [q, k, v]: [B::Tensor; 3] = mesh
@@ -270,6 +284,7 @@ impl<B: MeshOps> VisionTower<B> {
             let h = mesh.layer_norm(&x, &b.norm2.weight, &b.norm2.bias, NORM_EPS)?;
             let up = mesh.gelu(&self.column_parallel(mesh, &h, &b.fc1)?, Gelu::Tanh)?;
             x = mesh.add(&x, &self.row_parallel(mesh, &up, &b.fc2)?)?;
+            probe(j, &x)?;
         }
         Ok(x)
     }

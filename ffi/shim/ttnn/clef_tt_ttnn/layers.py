@@ -247,11 +247,7 @@ class LayerOps:
             memory_config=dram,
         )
         self.drop(fused, blocks)
-        bh = hb * heads
-        pairs = self.reshape(qg, (bh, 2, he, d))
-        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (bh, 1, he, d)), (hb, heads, he, d))
-        gate = self.reshape(self.slice(pairs, (0, 1, 0, 0), (bh, 2, he, d)), (hb, heads, he, d))
-        self.drop(qg, pairs)
+        q, gate = self.query_gate_heads(qg, hb, heads, he, d)
         normed = []
         for x_, w_ in ((q, qn), (k, kn)):
             gamma = self.gamma(w_[1], d, True)
@@ -308,6 +304,17 @@ class LayerOps:
         self.drop(flat)
         new_h = self.wrap(self._residual(h, out, bool(p["reduce"])))
         return [new_h, *kept] if batch else [new_h, keys, values]
+
+    def query_gate_heads(self, qg, hb, heads, he, d):
+        """The queries and the output gates, [hb, heads, he, d] each, out of the 2 * heads
+        heads `nlp_create_qkv_heads` made of the fused projection (q|gate interleaved per
+        head: head 2j is query j, head 2j + 1 its gate); `qg` is dropped."""
+        bh = hb * heads
+        pairs = self.reshape(qg, (bh, 2, he, d))
+        q = self.reshape(self.slice(pairs, (0, 0, 0, 0), (bh, 1, he, d)), (hb, heads, he, d))
+        gate = self.reshape(self.slice(pairs, (0, 1, 0, 0), (bh, 2, he, d)), (hb, heads, he, d))
+        self.drop(qg, pairs)
+        return q, gate
 
     def _kept_kv(self, k, v, keep, kvh, d):
         """The keys and values of each block's kept prefix (its first `keep[i]` rows, heads of

@@ -4,8 +4,9 @@ have, as a mapping bug would. The golden shadow must then move the answers out o
 (tests/tt_golden.rs). The host backend cannot see such a change: it implements our own reading of
 each op, not ttnn's.
 
-- gate_sign:  delta_gates hands the delta rule +exp(A_log) * softplus(a + dt_bias) (the sign of
-              the log-space decay flipped: g >= 0, a growing state) — ttnn.neg on the g it made.
+- gate_sign:  the delta rule gets +exp(A_log) * softplus(a + dt_bias) (the sign of the
+              log-space decay flipped: g >= 0, a growing state): the -exp(A_log) row both
+              delta_gates and the DeltaNet layer op multiply by is made as +exp(A_log).
 - raw_gamma:  rms_norm uses the raw weight w where the zero-centred norm needs 1 + w (and
               1 + w where the raw weight is meant).
 
@@ -24,6 +25,17 @@ never takes:
               block's final one. Only a hit of that state sees it; the tiny model's answers move
               ~1e-3, inside the bf16 band, so tests/tt_golden.rs holds these to a tolerance of
               their own (`KEPT_TOLERANCE`).
+- drop_silu:  the MLP's SwiGLU multiplies gate and up without the SiLU on the gate (a
+              dropped activation; the layer op and the fine `swiglu`).
+- qg_order:   the attention's fused query|gate heads read in the wrong order: the gate
+              heads taken as queries and the queries as gates (the layer op and the fine
+              `split_query_gate`).
+- rope_channels: the fused rope (rotary dims 32 or a multiple of 64, so tiny-clef-g27's paths)
+              rotates the last rotary-dims channels of each head and passes the first ones
+              through, instead of the reverse.
+- carry_row:  the native conv's carry is taken one row early (the rows before the last
+              kernel-1 ones: `actual_end` t - 1, or the slices ending there), so the state kept
+              for the next chunk is at the wrong row. Only a continuation reads it.
 - stale_input: a traced pass (passes.py) does not write its rows into the persistent input
               before a replay: the trace reads the rows of the pass before. Only replays see
               it (the first pass of a bucket runs eagerly, the second is captured).
@@ -31,16 +43,18 @@ never takes:
 
 import types
 
+import numpy as np
+
 
 def _gate_sign(mesh):
-    plain = mesh.delta_gates
+    plain = mesh.row_of
 
-    def delta_gates(self, a, b, a_log, dt_bias):
-        g, beta = plain(a, b, a_log, dt_bias)
-        flipped = self.tt.call("neg", self.ttnn.neg, g.t, memory_config=self.dram)
-        return self.wrap(flipped), beta
+    def row_of(self, vec, key, dtype, transform=None):
+        if key == "neg_exp_f32":
+            return plain(vec, "pos_exp_f32", dtype, np.exp)
+        return plain(vec, key, dtype, transform)
 
-    mesh.delta_gates = types.MethodType(delta_gates, mesh)
+    mesh.row_of = types.MethodType(row_of, mesh)
 
 
 def _raw_gamma(mesh):
@@ -109,6 +123,60 @@ def _stale_input(mesh):
     mesh._write = types.MethodType(write, mesh)
 
 
+def _drop_silu(mesh):
+    dispatcher = mesh.tt
+    plain = dispatcher.call
+    silu = mesh.ttnn.UnaryOpType.SILU
+
+    def call(self, name, fn, *args, **kwargs):
+        acts = kwargs.get("input_tensor_a_activations")
+        if name == "multiply" and acts and all(a.op_type == silu for a in acts):
+            kwargs = {k: v for k, v in kwargs.items() if k != "input_tensor_a_activations"}
+        return plain(name, fn, *args, **kwargs)
+
+    dispatcher.call = types.MethodType(call, dispatcher)
+
+
+def _qg_order(mesh):
+    plain_heads, plain_split = mesh.query_gate_heads, mesh.split_query_gate
+
+    def query_gate_heads(self, qg, hb, heads, he, d):
+        q, gate = plain_heads(qg, hb, heads, he, d)
+        return gate, q
+
+    def split_query_gate(self, qg, heads, head_dim):
+        q, gate = plain_split(qg, heads, head_dim)
+        return gate, q
+
+    mesh.query_gate_heads = types.MethodType(query_gate_heads, mesh)
+    mesh.split_query_gate = types.MethodType(split_query_gate, mesh)
+
+
+def _rope_channels(mesh):
+    plain = mesh.rope_heads
+
+    def rope_heads(self, xh, tables, rot, d):
+        if rot >= d:
+            return plain(xh, tables, rot, d)
+        head, tail = self.cols(xh, 0, d - rot), self.cols(xh, d - rot, d)
+        return self.concat([head, plain(tail, tables, rot, rot)], 3)
+
+    mesh.rope_heads = types.MethodType(rope_heads, mesh)
+
+
+def _carry_row(mesh):
+    plain_end, plain_carry = mesh._conv_end, mesh.conv_carry
+
+    def conv_end(self, t):
+        return plain_end(t - 1)
+
+    def conv_carry(self, xt, t, ch):
+        return plain_carry(xt, t - 1, ch)
+
+    mesh._conv_end = types.MethodType(conv_end, mesh)
+    mesh.conv_carry = types.MethodType(conv_carry, mesh)
+
+
 MUTATIONS = {
     "gate_sign": _gate_sign,
     "raw_gamma": _raw_gamma,
@@ -116,6 +184,10 @@ MUTATIONS = {
     "qk_swap": _qk_swap,
     "vision_pad": _vision_pad,
     "keep_unmasked": _keep_unmasked,
+    "drop_silu": _drop_silu,
+    "qg_order": _qg_order,
+    "rope_channels": _rope_channels,
+    "carry_row": _carry_row,
     "stale_input": _stale_input,
 }
 
