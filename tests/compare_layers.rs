@@ -144,61 +144,92 @@ fn the_mock_matches_the_cpu_layer_by_layer_and_every_mutation_fails_at_its_first
         return;
     };
     let all = [Request::Text, Request::Image, Request::ImageAndVideos];
-    // Unmutated: per profile, tiny-clef-g27's rows by (request, quantity), for the ratios.
-    let mut plain: HashMap<(&str, Request), HashMap<String, f64>> = HashMap::new();
+    // Every run first, two at a time (each child keeps about one core busy), then the checks.
+    let mut jobs: Vec<(&str, &str, Vec<Request>, Option<&str>)> = Vec::new();
     for model in ["tiny-clef-g27", "tiny-clef"] {
         for profile in ["bf16", "selected"] {
-            let (code, stdout, stderr) = compare(shim, model, profile, &all, None);
-            assert_eq!(code, 0, "{model} {profile} unmutated:\n{stdout}\n{stderr}");
-            let reports = rows(&stdout);
-            assert_eq!(reports.len(), all.len(), "{stdout}");
-            for (i, &request) in all.iter().enumerate() {
-                let report = &reports[&(i + 1)];
-                // tiny-clef's shapes run no batched pass (its packs run one by one).
-                let runs: &[&str] = match model {
-                    "tiny-clef" => &["alone.", "continued.", "served."],
-                    _ => &["alone.", "continued.", "served.", "packed.", "packed.kept."],
-                };
-                for run in runs {
-                    assert!(
-                        report.iter().any(|(name, _, _)| name.starts_with(run)),
-                        "{model} {profile}: no {run} rows for {request:?}"
-                    );
-                }
-                if request != Request::Text {
-                    assert!(report.iter().any(|(n, _, _)| n.ends_with("block.0")));
-                }
-                assert!(report.iter().all(|(_, _, ok)| *ok));
-                if model == "tiny-clef-g27" {
-                    let by_name = report.iter().map(|(n, rel, _)| (n.clone(), *rel));
-                    plain.insert((profile, request), by_name.collect());
-                }
-            }
+            jobs.push((model, profile, all.to_vec(), None));
         }
     }
     for profile in ["bf16", "selected"] {
-        for (mutation, request, first) in MUTATIONS {
-            let (code, stdout, stderr) =
-                compare(shim, "tiny-clef-g27", profile, &[request], Some(mutation));
-            assert_eq!(code, 1, "{mutation} {profile}:\n{stdout}\n{stderr}");
-            let report = &rows(&stdout)[&1];
-            let (name, rel, _) = report.iter().find(|(_, _, ok)| !ok).unwrap();
-            assert!(
-                name.starts_with(first),
-                "{mutation} {profile}: first outside at {name}, expected {first}*"
-            );
-            let before = plain[&(profile, request)][name];
-            assert!(
-                *rel >= 5.0 * before,
-                "{mutation} {profile}: {name} at {rel:.2e}, unmutated {before:.2e}"
-            );
-            assert!(
-                stderr.contains(&format!("outside tolerance: line 1: {name}")),
-                "{stderr}"
-            );
-            eprintln!("{mutation} {profile}: {name} {rel:.2e} (unmutated {before:.2e})");
+        for (mutation, request, _) in MUTATIONS {
+            jobs.push(("tiny-clef-g27", profile, vec![request], Some(mutation)));
         }
     }
+    let outputs = run_two_at_a_time(&jobs, |(model, profile, requests, mutation)| {
+        compare(shim, model, profile, requests, *mutation)
+    });
+    // Unmutated: per profile, tiny-clef-g27's rows by (request, quantity), for the ratios.
+    let mut plain: HashMap<(&str, Request), HashMap<String, f64>> = HashMap::new();
+    let done = jobs.iter().zip(&outputs);
+    for ((model, profile, _, _), (code, stdout, stderr)) in done.clone().take(4) {
+        assert_eq!(*code, 0, "{model} {profile} unmutated:\n{stdout}\n{stderr}");
+        let reports = rows(stdout);
+        assert_eq!(reports.len(), all.len(), "{stdout}");
+        for (i, &request) in all.iter().enumerate() {
+            let report = &reports[&(i + 1)];
+            // tiny-clef's shapes run no batched pass (its packs run one by one).
+            let runs: &[&str] = match *model {
+                "tiny-clef" => &["alone.", "continued.", "served."],
+                _ => &["alone.", "continued.", "served.", "packed.", "packed.kept."],
+            };
+            for run in runs {
+                assert!(
+                    report.iter().any(|(name, _, _)| name.starts_with(run)),
+                    "{model} {profile}: no {run} rows for {request:?}"
+                );
+            }
+            if request != Request::Text {
+                assert!(report.iter().any(|(n, _, _)| n.ends_with("block.0")));
+            }
+            assert!(report.iter().all(|(_, _, ok)| *ok));
+            if *model == "tiny-clef-g27" {
+                let by_name = report.iter().map(|(n, rel, _)| (n.clone(), *rel));
+                plain.insert((profile, request), by_name.collect());
+            }
+        }
+    }
+    let mutated = done.skip(4).zip(MUTATIONS.iter().cycle());
+    for (((_, profile, requests, mutation), (code, stdout, stderr)), (_, _, first)) in mutated {
+        let mutation = mutation.unwrap_or_default();
+        assert_eq!(*code, 1, "{mutation} {profile}:\n{stdout}\n{stderr}");
+        let report = &rows(stdout)[&1];
+        let (name, rel, _) = report.iter().find(|(_, _, ok)| !ok).unwrap();
+        assert!(
+            name.starts_with(first),
+            "{mutation} {profile}: first outside at {name}, expected {first}*"
+        );
+        let before = plain[&(*profile, requests[0])][name];
+        assert!(
+            *rel >= 5.0 * before,
+            "{mutation} {profile}: {name} at {rel:.2e}, unmutated {before:.2e}"
+        );
+        assert!(
+            stderr.contains(&format!("outside tolerance: line 1: {name}")),
+            "{stderr}"
+        );
+        eprintln!("{mutation} {profile}: {name} {rel:.2e} (unmutated {before:.2e})");
+    }
+}
+
+/// `run` over every job, two threads taking the next job in turn; the outputs in job order.
+fn run_two_at_a_time<J: Sync, O: Send>(jobs: &[J], run: impl Fn(&J) -> O + Sync) -> Vec<O> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outputs: Vec<std::sync::Mutex<Option<O>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                *outputs[i].lock().unwrap() = Some(run(job));
+            });
+        }
+    });
+    outputs
+        .into_iter()
+        .map(|o| o.into_inner().unwrap().unwrap())
+        .collect()
 }
 
 /// `compare-layers` on the CPU against itself, tiny-clef under `f32`, over `lines`.

@@ -19,7 +19,7 @@ Layout (mirrors ffi/shim/backend.hpp):
                (pass_plan.py its inputs and KV plan, trace.py capture and replay, persistent.py
                the DeltaNet state at fixed addresses)
 - graph.py     command: the mesh commands (ttnn's graph capture, the traces' facts)
-- meta.py      `Meta` and the C enums; dispatch.py the per-op call counter; programs.py the
+- meta.py      `Meta` and the C enums (abi.py, generated from ffi/include/clef_tt.h); dispatch.py the per-op call counter; programs.py the
                compute kernel and program configs
 Imports only ttnn and numpy (never torch); CPython 3.10 and 3.12.
 """

@@ -1,24 +1,34 @@
 """What the C++ core tells this package about a tensor, and the C enums of ffi/include/clef_tt.h.
 
 `Meta` mirrors `clef_tt::Meta` (ffi/shim/backend.hpp): one per-device shape, the format the host
-gave, the role and the placement. The integers below are the C enums' values; the bridge passes
-them through unchanged. Geometry helpers (tiles, packed sizes) follow core/tile_format.hpp.
+gave, the role and the placement. The enums' integers come from abi.py, generated from the header
+(ffi/regenerate-bindings.sh), so the header is their one source. Geometry helpers (tiles, packed
+sizes) follow core/tile_format.hpp.
 """
 
 from collections import namedtuple
 
-# clef_tt_dtype
-F32, BF16, BFP8_B, BFP4_B = 0, 1, 2, 3
-# clef_tt_layout
-ROW_MAJOR, TILE = 0, 1
-# clef_tt_role
-ACTIVATION, MATRIX, VECTOR = 0, 1, 2
-# clef_tt_placement
-REPLICATED, SHARDED, PARTIAL = 0, 1, 2
-# clef_tt_fidelity
-EXACT, LOFI, HIFI2, HIFI3, HIFI4 = 0, 1, 2, 3, 4
-# clef_tt_gelu_kind
-GELU_TANH, GELU_ERF = 0, 1
+from .abi import (  # noqa: F401 (the package's names for the C enums)
+    ACTIVATION,
+    BF16,
+    BFP4_B,
+    BFP8_B,
+    EXACT,
+    F32,
+    GELU_ERF,
+    GELU_TANH,
+    HIFI2,
+    HIFI3,
+    HIFI4,
+    LOFI,
+    MATRIX,
+    PARTIAL,
+    REPLICATED,
+    ROW_MAJOR,
+    SHARDED,
+    TILE,
+    VECTOR,
+)
 
 DTYPE_NAMES = {F32: "f32", BF16: "bf16", BFP8_B: "bfp8_b", BFP4_B: "bfp4_b"}
 ROLE_NAMES = {ACTIVATION: "activation", MATRIX: "matrix", VECTOR: "vector"}

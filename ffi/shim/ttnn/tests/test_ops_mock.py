@@ -2,15 +2,14 @@
 
 Run (plain Python, nothing else needed; ttnn writes `generated/` into the working directory, so
 run it from a scratch folder):
-    source /tmp/ttmock/env.sh            # shared/tools/ttnn-mock/setup.sh writes it
+    source /tmp/ttmock/env.sh            # ffi/ttnn-mock/setup.sh writes it
     cd "$(mktemp -d)" && $TT_MOCK_PY /path/to/ffi/shim/ttnn/tests/test_ops_mock.py
 Without arguments it runs itself three times, in separate processes (the mock cluster is chosen
 once per process): 1x1 on a mock P150 and 1x2 on a mock P150x2 (FABRIC_1D, l1_small_size 24576,
 two command queues) with bf16 activations, and 1x1 with f32 activations; the 1x2 run also opens
 a 1x1 submesh of a 1x2 parent. `--cols N [--act f32]` runs one mesh in this process (the cluster
 descriptor comes from TT_METAL_MOCK_CLUSTER_DESC_PATH); `--descriptors DIR` names the folder of
-the descriptors (default: $CLEF_TT_MOCK_DESCRIPTORS, else the project's ffi/ttnn-mock, else
-shared/tools/ttnn-mock beside the repository).
+the descriptors (default: $CLEF_TT_MOCK_DESCRIPTORS, else the project's ffi/ttnn-mock).
 
 What it checks: uploads of every role and dtype (f32, bf16, bfp8_b, bfp4_b matrices, sharded
 and replicated) keep the host's bytes exactly; every op at odd shapes (37 and 100 rows, widths
@@ -657,14 +656,10 @@ def descriptors_dir(args):
     env = os.environ.get("CLEF_TT_MOCK_DESCRIPTORS")
     if env:
         return env
-    # The project's kit (ffi/ttnn-mock), else the shared one beside the repository.
-    for parts in (
-        ("..", "..", "..", "ttnn-mock"),
-        ("..", "..", "..", "..", "..", "shared", "tools", "ttnn-mock"),
-    ):
-        folder = os.path.normpath(os.path.join(HERE, *parts))
-        if os.path.exists(os.path.join(folder, "blackhole_P150.yaml")):
-            return folder
+    # The project's kit (ffi/ttnn-mock).
+    folder = os.path.normpath(os.path.join(HERE, "..", "..", "..", "ttnn-mock"))
+    if os.path.exists(os.path.join(folder, "blackhole_P150.yaml")):
+        return folder
     raise SystemExit("no mock cluster descriptors found: pass --descriptors DIR")
 
 

@@ -12,7 +12,7 @@ device side still runs the real ttnn validation, dispatch and allocation (in tt-
 device data are zeros). Ops that have no golden function in ttnn 0.81.1 get a shadow written
 from their documented semantics (ops.py lists each).
 
-Conventions (measured in shared/tools/ttnn-mock/GOLDEN.md):
+Conventions (docs/ttnn-goldens.md):
 - goldens take the STORED values of their inputs (bf16 tensors as torch bf16, f32 as f32,
   bfloat8_b / bfloat4_b matrices as the float values their tiles decode to), exactly what ttnn's
   comparison mode feeds them; each golden output is then stored as the device tensor stores it

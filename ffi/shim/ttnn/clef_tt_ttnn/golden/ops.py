@@ -30,7 +30,7 @@ Own shadows (the op has no golden function in ttnn 0.81.1, or is not a computati
   experimental.rotary_embedding_hf   x * cos + rotate_half(x) * sin, rotate_half(x) =
                        concat(-x[..., D/2:], x[..., :D/2]), cos/sin [1, 1, T, D] over all heads
   experimental.paged_fill_cache      input token t -> cache[page_table[batch_idx, t // block], :,
-                       t % block] (GOLDEN.md, checked against the chunked SDPA golden)
+                       t % block] (docs/ttnn-goldens.md, checked against the chunked SDPA golden)
   experimental.kda.qkv_causal_conv1d_silu   the op's docstring: over the 3 history rows then the
                        input, y[t] = tap0 x[t-3] + tap1 x[t-2] + tap2 x[t-1] + tap3 x[t], SiLU,
                        split into q, k, v widths; in f32 from the bf16 twins, rounded once to
@@ -134,7 +134,7 @@ def delta_rule(sh, name, fn, args, kwargs, result):
     post-sigmoid, state [B, HV, K, V], GQA value head hv -> key head hv // (HV/H)).
 
     The port's rank-3 flat layout (q/k [B, T, H*K], v [B, T, HV*V], raw q/k: the kernel
-    L2-normalises them and applies `scale`) is not a layout the golden takes (GOLDEN.md pitfall 1):
+    L2-normalises them and applies `scale`) is not a layout the golden takes (docs/ttnn-goldens.md):
     here it is viewed as [B, T, H, K] / [B, T, HV, V] with K == V (the op's contract) and
     HV = beta's last dim, and the golden normalises q/k itself (`use_qk_l2norm=True`, eps 1e-6, on
     q/k in f32 as the kernel computes). The rank-4 layout (pre-normalised q/k) goes as is."""
