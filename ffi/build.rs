@@ -12,7 +12,7 @@
 //!   `python3.12` / `python3.10` on PATH or under pyenv. Otherwise one warning says what was
 //!   tried, and `--device tt` uses the host shim.
 //!
-//! Their paths are compiled into the crate (`tt_metal_sys::HOST_SHIM`, `TTNN_SHIM`, empty when
+//! Their paths are compiled into the crate (`clef_tt_abi::HOST_SHIM`, `TTNN_SHIM`, empty when
 //! not built) so `clef-tt --device tt` finds them by default.
 
 use std::path::{Path, PathBuf};
@@ -70,7 +70,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PYENV_ROOT");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default());
-    // OUT_DIR is target/<profile>/build/tt-metal-sys-<hash>/out.
+    // OUT_DIR is target/<profile>/build/clef-tt-abi-<hash>/out.
     let target_dir = out_dir.ancestors().nth(3).map(Path::to_path_buf);
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let mut host = String::new();

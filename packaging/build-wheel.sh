@@ -37,7 +37,7 @@ cargo build --profile "$profile" --bin clef-tt
 
 # The ttnn shim this build made: ffi/build.rs records it (empty when it made none), so a stale
 # library left in target/ by an earlier build is never shipped.
-output="$(ls -t target/"$dir"/build/tt-metal-sys-*/output 2>/dev/null | head -n 1 || true)"
+output="$(ls -t target/"$dir"/build/clef-tt-abi-*/output 2>/dev/null | head -n 1 || true)"
 shim=""
 [ -n "$output" ] && shim="$(sed -n 's/^cargo:rustc-env=CLEF_TT_TTNN_SHIM=//p' "$output")"
 stage=target/wheel-data

@@ -102,7 +102,7 @@ fn serve_on_the_tt_device_answers_the_goldens_as_the_cpu_device_does() {
     assert_eq!(card["device_backend"]["backend"], "host");
     assert_eq!(
         card["device_backend"]["abi_version"],
-        tt_metal_sys::ABI_VERSION
+        clef_tt_abi::ABI_VERSION
     );
     assert_eq!(card["device_backend"]["hardware"], "host");
     assert!(card["device_backend"]["shim"]
@@ -222,7 +222,7 @@ fn a_missing_foreign_outdated_or_too_small_device_is_a_clear_error_at_start() {
     let e = refused_start(&["--tt-shim", old.to_str().unwrap()], &[]);
     assert!(
         e.contains("ABI version 1")
-            && e.contains(&format!("needs version {}", tt_metal_sys::ABI_VERSION)),
+            && e.contains(&format!("needs version {}", clef_tt_abi::ABI_VERSION)),
         "{e}"
     );
     let foreign = stand_in("foreign", "int answer(void) { return 42; }\n");
@@ -250,7 +250,7 @@ fn devices_reports_the_shim_and_which_meshes_open() {
         .unwrap();
     assert_succeeded(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    let abi = format!("abi version: {}", tt_metal_sys::ABI_VERSION);
+    let abi = format!("abi version: {}", clef_tt_abi::ABI_VERSION);
     for want in [
         "shim: ",
         "libclef_tt_host.so",

@@ -34,7 +34,7 @@ fn hardware() -> Option<Arc<Shim>> {
     let path = std::env::var_os("CLEF_TT_SHIM").map(std::path::PathBuf::from);
     let path = match (mode.as_str(), path) {
         (_, Some(p)) => Some(p),
-        ("host", None) => Some(std::path::PathBuf::from(tt_metal_sys::HOST_SHIM)),
+        ("host", None) => Some(std::path::PathBuf::from(clef_tt_abi::HOST_SHIM)),
         _ => None,
     };
     let shim = Shim::load(path.as_deref()).expect("the ttnn shim");

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 /// The ttnn shim, when it and the mock kit are there.
 fn kit() -> Option<&'static str> {
-    let shim = tt_metal_sys::TTNN_SHIM;
+    let shim = clef_tt_abi::TTNN_SHIM;
     let env = std::env::var_os("TT_METAL_MOCK_CLUSTER_DESC_PATH").is_some();
     let why = if shim.is_empty() || !Path::new(shim).is_file() {
         "the ttnn shim was not built (CLEF_TT_PYTHON unset at build time)"

@@ -36,14 +36,14 @@ fn a_shim_of_another_abi_version_is_refused_naming_both_versions() {
         Err(ShimError::Version {
             found, expected, ..
         }) => {
-            assert_eq!((found, expected), (1, tt_metal_sys::ABI_VERSION));
+            assert_eq!((found, expected), (1, clef_tt_abi::ABI_VERSION));
         }
         other => panic!("{other:?}"),
     }
     let text = Shim::load(Some(&so)).err().unwrap().to_string();
     assert!(
         text.contains("ABI version 1")
-            && text.contains(&format!("needs version {}", tt_metal_sys::ABI_VERSION)),
+            && text.contains(&format!("needs version {}", clef_tt_abi::ABI_VERSION)),
         "{text}"
     );
 }
@@ -60,7 +60,7 @@ fn libraries_that_are_not_shims_are_refused() {
         "partial_shim",
         &format!(
             "unsigned clef_tt_abi_version(void) {{ return {}; }}\n",
-            tt_metal_sys::ABI_VERSION
+            clef_tt_abi::ABI_VERSION
         ),
     );
     let text = Shim::load(Some(&partial)).err().unwrap().to_string();
@@ -92,14 +92,14 @@ fn missing_files_and_non_libraries_are_refused_with_the_path() {
 
 #[test]
 fn the_default_shim_is_the_ttnn_shim_this_build_made_else_the_host_shim() {
-    let built = if tt_metal_sys::TTNN_SHIM.is_empty() {
-        tt_metal_sys::HOST_SHIM
+    let built = if clef_tt_abi::TTNN_SHIM.is_empty() {
+        clef_tt_abi::HOST_SHIM
     } else {
-        tt_metal_sys::TTNN_SHIM
+        clef_tt_abi::TTNN_SHIM
     };
     assert_eq!(Shim::locate(None).unwrap(), Path::new(built));
-    let shim = Shim::load(Some(Path::new(tt_metal_sys::HOST_SHIM))).unwrap();
+    let shim = Shim::load(Some(Path::new(clef_tt_abi::HOST_SHIM))).unwrap();
     assert_eq!(shim.backend(), "host");
-    assert_eq!(shim.version(), tt_metal_sys::ABI_VERSION);
+    assert_eq!(shim.version(), clef_tt_abi::ABI_VERSION);
     assert!(shim.describe().unwrap().contains("\"hardware\": \"host\""));
 }

@@ -29,7 +29,7 @@ fn rows(r: usize, c: usize, seed: u64) -> HostTensor {
 fn shim() -> Arc<Shim> {
     let path = std::env::var_os("CLEF_TT_SHIM")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(tt_metal_sys::HOST_SHIM));
+        .unwrap_or_else(|| std::path::PathBuf::from(clef_tt_abi::HOST_SHIM));
     Shim::load(Some(&path)).expect("the host shim (cargo build makes it) or CLEF_TT_SHIM")
 }
 

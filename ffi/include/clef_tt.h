@@ -1,5 +1,5 @@
 /*
- * clef_tt.h — the C ABI between clef-tt and its Tenstorrent shim (crate tt-metal-sys).
+ * clef_tt.h — the C ABI between clef-tt and its Tenstorrent shim (crate clef-tt-abi).
  *
  * clef-tt loads a shim library at run time (libloading) and drives a mesh of devices through
  * these functions only. Two shims implement it over one shared C++ core (ffi/shim/core):

@@ -19,7 +19,7 @@ pub fn shim_python() -> Option<String> {
 
 /// The ttnn shim, when it, the mock kit and torch are there.
 pub fn kit() -> Option<&'static str> {
-    let shim = tt_metal_sys::TTNN_SHIM;
+    let shim = clef_tt_abi::TTNN_SHIM;
     let why = if shim.is_empty() || !Path::new(shim).is_file() {
         "the ttnn shim was not built (CLEF_TT_PYTHON unset at build time)".to_string()
     } else if std::env::var_os("TT_METAL_MOCK_CLUSTER_DESC_PATH").is_none() {

@@ -33,7 +33,7 @@ pub fn tt_mesh(
     shape: clef_device::MeshShape,
     numerics: clef_device::Numerics,
 ) -> clef_device::tt::TtMesh {
-    let host = std::path::Path::new(tt_metal_sys::HOST_SHIM);
+    let host = std::path::Path::new(clef_tt_abi::HOST_SHIM);
     let shim =
         clef_device::tt::Shim::load(Some(host)).expect("the host shim (built by cargo build)");
     clef_device::tt::TtMesh::open(

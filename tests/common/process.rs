@@ -24,7 +24,7 @@ pub fn free_port() -> u16 {
 
 pub fn clef_tt() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_clef-tt"));
-    cmd.env("CLEF_TT_SHIM", tt_metal_sys::HOST_SHIM);
+    cmd.env("CLEF_TT_SHIM", clef_tt_abi::HOST_SHIM);
     cmd
 }
 

@@ -5,9 +5,9 @@
 
 use super::shim::Shim;
 use crate::{DeviceError, Result};
+use clef_tt_abi::{clef_tt_mesh, clef_tt_tensor, clef_tt_tensor_info};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use tt_metal_sys::{clef_tt_mesh, clef_tt_tensor, clef_tt_tensor_info};
 
 pub(super) struct MeshHandle {
     pub shim: Arc<Shim>,

@@ -13,10 +13,10 @@
 use super::ops::matmul_config;
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{AttentionLayer, BatchedLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
+use clef_tt_abi as sys;
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::ptr::null_mut;
-use tt_metal_sys as sys;
 
 /// One input of a layer op: a tensor, a weight or an absent optional tensor.
 pub(super) enum Input<'a> {

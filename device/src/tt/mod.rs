@@ -32,10 +32,10 @@ use crate::{
     DeviceError, DeviceUsage, GatherAxis, Held, HostTensor, HostWeight, Kept, MeshShape, Numerics,
     Result, SharedBytes, WeightBytes, WeightFormat, WeightKind,
 };
+use clef_tt_abi as sys;
 use handles::{MeshHandle, TensorHandle};
 use std::ptr::{null_mut, NonNull};
 use std::sync::Arc;
-use tt_metal_sys as sys;
 
 /// Where a worker's mesh sits: a 1xN mesh opened directly, or the 1xN submesh at a column
 /// offset of a shared 1xP parent (a 1x4 box serving two 1x2 workers).

@@ -13,9 +13,9 @@ use crate::{
     HostTensor, HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats,
     PrefillPass, Result, RopeSpec, RowBatch, WeightBytes, WeightFormat, WeightKind,
 };
+use clef_tt_abi as sys;
 use serde_json::{json, Value};
 use std::ptr::null;
-use tt_metal_sys as sys;
 
 pub(super) fn matmul_config(n: &Numerics) -> sys::clef_tt_matmul_config {
     use crate::Fidelity;

@@ -9,9 +9,9 @@ use super::{TtMesh, TtTensor, TtWeight};
 use crate::{
     DeviceError, GatherAxis, MeshOps, PassMixer, PassOutput, PassStats, PrefillPass, Result,
 };
+use clef_tt_abi as sys;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
-use tt_metal_sys as sys;
 
 impl TtMesh {
     /// One pass through the shim; `Ok(None)` when it does not run this one.

@@ -3,10 +3,10 @@
 //! symbol), and a library that is not a shim at all is refused naming the path.
 
 use crate::DeviceError;
+use clef_tt_abi::{ClefTtLibrary, ABI_VERSION};
 use std::ffi::{c_int, c_uint, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tt_metal_sys::{ClefTtLibrary, ABI_VERSION};
 
 /// File name of the ttnn shim (`cargo build` where a CPython 3.12/3.10 with pybind11 is found).
 pub const TTNN_SHIM: &str = "libclef_tt_ttnn.so";
@@ -55,7 +55,7 @@ impl Shim {
             out.push(dir.join(TTNN_SHIM));
             out.push(dir.join(HOST_SHIM));
         }
-        for built in [tt_metal_sys::TTNN_SHIM, tt_metal_sys::HOST_SHIM] {
+        for built in [clef_tt_abi::TTNN_SHIM, clef_tt_abi::HOST_SHIM] {
             if !built.is_empty() {
                 out.push(PathBuf::from(built));
             }
@@ -95,7 +95,7 @@ impl Shim {
         }
         // SAFETY: loading a library runs its initialisers; a clef-tt shim's only set up
         // statics. The user chose this file (or it is the one this build made).
-        let library = unsafe { tt_metal_sys::libloading::Library::new(&path) }.map_err(|e| {
+        let library = unsafe { clef_tt_abi::libloading::Library::new(&path) }.map_err(|e| {
             ShimError::Unloadable {
                 path: shown.clone(),
                 reason: e.to_string(),
@@ -175,7 +175,7 @@ impl Shim {
                 capacity,
                 &mut len,
             );
-            if status as c_uint == tt_metal_sys::CLEF_TT_INVALID_ARGUMENT && len >= capacity {
+            if status as c_uint == clef_tt_abi::CLEF_TT_INVALID_ARGUMENT && len >= capacity {
                 capacity = len + 1;
                 continue;
             }
@@ -188,16 +188,16 @@ impl Shim {
     /// A status of the C ABI as a result, with the calling thread's last error.
     pub(super) fn check(&self, status: c_int) -> crate::Result<()> {
         let status = status as c_uint;
-        if status == tt_metal_sys::CLEF_TT_OK {
+        if status == clef_tt_abi::CLEF_TT_OK {
             return Ok(());
         }
         // SAFETY: the shim keeps the message alive until this thread's next call.
         let message = unsafe { text(self.lib.clef_tt_last_error()) };
         let status = match status {
-            tt_metal_sys::CLEF_TT_INVALID_ARGUMENT => "invalid argument",
-            tt_metal_sys::CLEF_TT_DEVICE_ERROR => "device error",
-            tt_metal_sys::CLEF_TT_OUT_OF_MEMORY => "out of memory",
-            tt_metal_sys::CLEF_TT_UNSUPPORTED => "unsupported",
+            clef_tt_abi::CLEF_TT_INVALID_ARGUMENT => "invalid argument",
+            clef_tt_abi::CLEF_TT_DEVICE_ERROR => "device error",
+            clef_tt_abi::CLEF_TT_OUT_OF_MEMORY => "out of memory",
+            clef_tt_abi::CLEF_TT_UNSUPPORTED => "unsupported",
             _ => "internal error",
         };
         Err(DeviceError::Shim { status, message })
