@@ -19,10 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Sources of the shared core, relative to `shim/`.
-const CORE: [&str; 6] = [
+const CORE: [&str; 7] = [
     "core/abi_library.cpp",
     "core/abi_layers.cpp",
     "core/abi_ops.cpp",
+    "core/op_table.cpp",
     "core/call.cpp",
     "core/handles.cpp",
     "core/rope.cpp",

@@ -18,7 +18,7 @@
  *     tensors were freed (closing refuses while any is alive).
  *   - A mesh tensor has one per-device shape [rows, cols] and a placement: REPLICATED (the same
  *     values on every device), SHARDED (a different part per device) or PARTIAL (per-device
- *     partial sums, completed by clef_tt_all_reduce). Ops give results the placement
+ *     partial sums, completed by the op all_reduce). Ops give results the placement
  *     clef-device's MeshOps documents (device/src/ops.rs).
  *   - Weights are uploaded already split per device and, for matrices, already packed by the host
  *     as `[in, out]` tiles: 32x32 tiles in row-major tile order, four 16x16 faces per tile,
@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define CLEF_TT_ABI_VERSION 5
+#define CLEF_TT_ABI_VERSION 6
 
 /* Most devices a mesh of this ABI can hold. */
 #define CLEF_TT_MAX_DEVICES 8
@@ -82,7 +82,7 @@ typedef enum clef_tt_layout {
 typedef enum clef_tt_role {
   /* Rows of tokens (or patches); uploaded as row-major f32, held in TILE layout. */
   CLEF_TT_ACTIVATION = 0,
-  /* The right-hand side of clef_tt_linear: [in, out] tiles in the dtype uploaded. */
+  /* The right-hand side of the op linear: [in, out] tiles in the dtype uploaded. */
   CLEF_TT_MATRIX = 1,
   /* Values read elementwise by an op (norm weights, biases, gates, conv taps): row-major f32. */
   CLEF_TT_VECTOR = 2,
@@ -235,39 +235,31 @@ int clef_tt_tensor_copy(clef_tt_mesh *mesh, const clef_tt_tensor *t, clef_tt_ten
 /* Null is accepted and does nothing. */
 int clef_tt_tensor_free(clef_tt_tensor *t);
 
-/* ---- ops: the Qwen3.5 text prefill -------------------------------------------------------- */
+/* ---- ops ---------------------------------------------------------------------------------- */
 
-typedef struct clef_tt_matmul_config {
-  clef_tt_fidelity fidelity;
-  /* 0: a bf16 destination register (the sum is rounded to bf16 after every 32 input channels). */
-  uint32_t fp32_dest_acc;
-  /* Activations are rounded to bf16 before the product (the device holds bf16 tiles). */
-  uint32_t bf16_activations;
-  /* Packer L1 accumulation (a ttnn speed knob; no effect on the host backend's numbers). */
-  uint32_t packer_l1_acc;
-} clef_tt_matmul_config;
+/* The fine ops (a matmul, a norm, an attention, ...) are declared once, in the shim's op table
+ * (ffi/shim/core/op_table.cpp): each op's name, its tensor operands in order (an activation, a
+ * vector or matrix weight; optional ones may be null), its numeric parameters in order with
+ * their types, the one list of numbers it may take, its results, and the shape rules the core
+ * checks. clef_tt_op_table() gives the table as JSON; clef-device's MeshOps documents what each
+ * op computes (device/src/ops.rs). */
 
-/* x · w per device (w: a MATRIX [in, out]). REPLICATED x → SHARDED (REPLICATED on one device),
- * SHARDED x → PARTIAL. */
-int clef_tt_linear(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
-                   const clef_tt_matmul_config *config, clef_tt_tensor **out);
-/* Sum of PARTIAL parts, REPLICATED (reduce-scatter then all-gather). The parts are held in the
- * activation dtype (the ttnn backend: bf16 under bf16 activations, the port's bf16 collectives;
- * the host backend: f32). */
-int clef_tt_all_reduce(clef_tt_mesh *mesh, const clef_tt_tensor *x, clef_tt_tensor **out);
-/* Consecutive column blocks of the given widths (summing to cols); `outs` has `n` entries. */
-int clef_tt_split_cols(clef_tt_mesh *mesh, const clef_tt_tensor *x, const uint32_t *widths,
-                       uint32_t n, clef_tt_tensor **outs);
-int clef_tt_add(clef_tt_mesh *mesh, const clef_tt_tensor *a, const clef_tt_tensor *b,
-                clef_tt_tensor **out);
-/* RMSNorm over groups of `group` columns: x / rms(x) * (w + one_plus); w has `group` values. */
-int clef_tt_rms_norm(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
-                     uint32_t group, float eps, uint32_t one_plus, clef_tt_tensor **out);
-/* silu(gate) * up of [gate | up] halves. */
-int clef_tt_swiglu(clef_tt_mesh *mesh, const clef_tt_tensor *gate_up, clef_tt_tensor **out);
-/* Per head [query(d) | gate(d)] → query and gate. */
-int clef_tt_split_query_gate(clef_tt_mesh *mesh, const clef_tt_tensor *qg, uint32_t heads,
-                             uint32_t head_dim, clef_tt_tensor **query, clef_tt_tensor **gate);
+/* The op table as JSON (see clef_tt_describe for `out`/`len`): [{"name": ..., "inputs":
+ * [{"name", "kind": "activation"|"vector"|"matrix", "optional": bool}], "params": [{"name",
+ * "type": "u32"|"f32"|"f64"|"flag"|"fidelity"|"gelu_kind"}], "list": its name or null,
+ * "results": [names], "results_per_list_entry": bool}]. */
+int clef_tt_op_table(char *out, size_t capacity, size_t *len);
+
+/* Run the fine op `op` of the table: `inputs` are its tensors in the declared order (`n_inputs`
+ * of them, a null entry for an absent optional one); `params` its parameters in the declared
+ * order, each as a double (u32, flags 0/1 and enum values exactly); `list` its list of numbers
+ * if it declares one (`n_list` of them), else null and 0; `outs` receives its results in the
+ * declared order (`n_outs` of them: one per list entry for an op whose results are per list
+ * entry). Every argument is checked against the table and the op's shape rules before the
+ * backend computes; on failure nothing is written to `outs`. */
+int clef_tt_op(clef_tt_mesh *mesh, const char *op, const clef_tt_tensor *const *inputs,
+               uint32_t n_inputs, const double *params, uint32_t n_params, const uint32_t *list,
+               uint32_t n_list, clef_tt_tensor **outs, uint32_t n_outs);
 
 typedef struct clef_tt_rope_spec {
   uint32_t heads;
@@ -287,87 +279,20 @@ typedef struct clef_tt_result_spec {
   clef_tt_placement placement;
 } clef_tt_result_spec;
 
-/* A layer op: a fixed sequence of the ops below that always runs together (a whole attention,
- * DeltaNet or MLP sublayer of the text backbone), run by the backend in one call and in its
- * own layouts. `op` names it; `inputs` are its tensors in the op's order, a null entry for an
- * absent optional one (a cache or state at the sequence start); `params_json` is a JSON object
- * of its sizes and settings; `rope`, `positions` and `rows` are the rope of its rows, or null.
- * The caller gives each result's shape in `results`; the backend's results are checked against
- * them. The ops, their inputs and results are listed where they are implemented
- * (ffi/shim/ttnn/clef_tt_ttnn/layers.py) and called (clef-device's MeshOps layer methods).
+/* A layer op: a fixed sequence of fine ops that always runs together (a whole attention,
+ * DeltaNet or MLP sublayer of the text backbone, or a whole prefill chunk), run by the backend
+ * in one call and in its own layouts. `op` names it; `inputs` are its tensors in the op's order,
+ * a null entry for an absent optional one (a cache or state at the sequence start);
+ * `params_json` is a JSON object of its sizes and settings; `rope`, `positions` and `rows` are
+ * the rope of its rows, or null. The caller gives each result's shape in `results`; the
+ * backend's results are checked against them. The ops, their inputs and results are listed
+ * where they are implemented (ffi/shim/ttnn/clef_tt_ttnn/layers.py) and called (clef-device's
+ * MeshOps layer methods).
  * CLEF_TT_UNSUPPORTED: the backend does not run `op` for these arguments (nothing computed). */
 int clef_tt_layer_op(clef_tt_mesh *mesh, const char *op, const clef_tt_tensor *const *inputs,
                      uint32_t n_inputs, const char *params_json, const clef_tt_rope_spec *rope,
                      const uint32_t *positions, uint32_t rows, const clef_tt_result_spec *results,
                      uint32_t n_results, clef_tt_tensor **outs);
-
-/* Partial M-RoPE; `positions` holds (t, h, w) for each of the `rows` rows (the shim computes
- * the cos/sin tables of these positions on the host). */
-int clef_tt_rope(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_rope_spec *spec,
-                 const uint32_t *positions, uint32_t rows, clef_tt_tensor **out);
-/* `cache` rows followed by `rows` rows (a KV cache of `heads` heads of cols/heads channels,
- * which a backend may hold paged per head); a null cache starts one from `rows`. */
-int clef_tt_append_rows(clef_tt_mesh *mesh, const clef_tt_tensor *cache, const clef_tt_tensor *rows,
-                        uint32_t heads, clef_tt_tensor **out);
-/* Causal GQA softmax attention, fp32, scale head_dim^-0.5: the q rows are the last positions of
- * keys/values. */
-int clef_tt_causal_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q,
-                             const clef_tt_tensor *keys, const clef_tt_tensor *values,
-                             uint32_t heads, uint32_t kv_heads, uint32_t head_dim,
-                             clef_tt_tensor **out);
-/* x * sigmoid(gate). */
-int clef_tt_mul_sigmoid(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *gate,
-                        clef_tt_tensor **out);
-/* Causal depthwise conv over time + SiLU; w: [channels, kernel] taps; carry: the last kernel-1
- * inputs of the previous chunk (null = zeros). Writes the output and the new carry. */
-int clef_tt_causal_conv1d_silu(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
-                               const clef_tt_tensor *carry, uint32_t kernel, clef_tt_tensor **out,
-                               clef_tt_tensor **carry_out);
-/* beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias), fp32. */
-int clef_tt_delta_gates(clef_tt_mesh *mesh, const clef_tt_tensor *a, const clef_tt_tensor *b,
-                        const clef_tt_tensor *a_log, const clef_tt_tensor *dt_bias,
-                        clef_tt_tensor **g, clef_tt_tensor **beta);
-
-typedef struct clef_tt_delta_spec {
-  uint32_t key_heads;
-  uint32_t value_heads;
-  uint32_t key_dim;
-  uint32_t value_dim;
-} clef_tt_delta_spec;
-
-/* The gated delta rule over [q | k | v] (q, k L2-normalised inside, q scaled key_dim^-0.5),
- * with the fp32 state [value_heads * key_dim, value_dim] (null = zeros). Writes the core output
- * [rows, value_heads * value_dim] and the final state. */
-int clef_tt_gated_delta_rule(clef_tt_mesh *mesh, const clef_tt_tensor *qkv, const clef_tt_tensor *g,
-                             const clef_tt_tensor *beta, const clef_tt_tensor *state,
-                             const clef_tt_delta_spec *spec, clef_tt_tensor **out,
-                             clef_tt_tensor **state_out);
-/* w * x / rms(x) * silu(z) per group. */
-int clef_tt_gated_rms_norm(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *z,
-                           const clef_tt_tensor *w, uint32_t group, float eps,
-                           clef_tt_tensor **out);
-
-/* ---- ops: the vision tower ---------------------------------------------------------------- */
-
-/* (x - mean) / sqrt(var + eps) * w + b over each row. */
-int clef_tt_layer_norm(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *w,
-                       const clef_tt_tensor *b, float eps, clef_tt_tensor **out);
-int clef_tt_add_bias(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *b,
-                     clef_tt_tensor **out);
-int clef_tt_gelu(clef_tt_mesh *mesh, const clef_tt_tensor *x, clef_tt_gelu_kind kind,
-                 clef_tt_tensor **out);
-/* x * cos + rotate_half(x) * sin per head; cos, sin: REPLICATED [rows, head_dim]. */
-int clef_tt_rotary(clef_tt_mesh *mesh, const clef_tt_tensor *x, const clef_tt_tensor *cos,
-                   const clef_tt_tensor *sin, uint32_t heads, uint32_t head_dim,
-                   clef_tt_tensor **out);
-/* Bidirectional attention inside each segment; `segments` holds n (start, end) row pairs that
- * cover the rows in order. */
-int clef_tt_segment_attention(clef_tt_mesh *mesh, const clef_tt_tensor *q, const clef_tt_tensor *k,
-                              const clef_tt_tensor *v, uint32_t heads, uint32_t head_dim,
-                              const uint32_t *segments, uint32_t n, clef_tt_tensor **out);
-/* Every `group` consecutive rows joined into one: [rows, cols] → [rows/group, cols*group]. */
-int clef_tt_fold_rows(clef_tt_mesh *mesh, const clef_tt_tensor *x, uint32_t group,
-                      clef_tt_tensor **out);
 
 #ifdef __cplusplus
 }

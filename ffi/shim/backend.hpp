@@ -38,7 +38,6 @@ class Storage {
   virtual void bind(const Meta&) {}
 };
 using StoragePtr = std::unique_ptr<Storage>;
-using StoragePair = std::pair<StoragePtr, StoragePtr>;
 
 // A tensor as a backend sees it.
 struct TensorView {
@@ -61,6 +60,84 @@ struct RopeTables {
   std::vector<float> sin;
   // Set by the mesh's RopeCache (core/rope.hpp): the same generation means the same tables.
   uint64_t generation = 0;
+};
+
+// What an operand of a fine op must be: a complete activation (replicated or sharded), the
+// per-device partial sums of one (or a replicated one: all_reduce), a vector or a matrix weight.
+enum class OperandKind { Activation, PartialSums, Vector, Matrix };
+
+// A fine op's numeric parameter types (each crosses the C ABI as a double).
+enum class ParamType { U32, F32, F64, Flag, Fidelity, GeluKind };
+
+struct Operand {
+  const char* name;
+  OperandKind kind;
+  bool optional = false;
+};
+
+struct Param {
+  const char* name;
+  ParamType type;
+};
+
+struct OpArgs;
+class Call;
+
+// One fine op as the op table (core/op_table.cpp) declares it. `rule` checks the shapes the
+// declaration cannot say (refusing with Call::refuse), may set the rope tables, and returns
+// each result's metadata.
+struct OpDecl {
+  const char* name;
+  std::vector<Operand> inputs;
+  std::vector<Param> params;
+  // The name of the op's list of numbers, or null when it takes none.
+  const char* list;
+  std::vector<const char*> results;
+  // One result per list entry (a split), named by `results[0]`.
+  bool results_per_list_entry;
+  std::vector<Meta> (*rule)(Call& call, OpArgs& args);
+};
+
+// The arguments of one fine op call, checked by the core (backends read them by name).
+struct OpArgs {
+  const OpDecl& op;
+  // In the declared order; empty for an absent optional operand.
+  std::vector<std::optional<TensorView>> inputs;
+  // In the declared order.
+  std::vector<double> params;
+  std::vector<uint32_t> list;
+  // The rope of the rows, for an op whose rule computes it from its positions.
+  const RopeTables* rope = nullptr;
+  // The result is a copy of input 0 (an all_reduce of a replicated tensor): the core copies
+  // it and does not ask the backend.
+  bool identity = false;
+
+  const TensorView& in(size_t i) const;
+  // An optional operand: null when absent.
+  const TensorView* maybe(size_t i) const;
+  double param(const char* name) const;
+  uint32_t u32(const char* name) const { return static_cast<uint32_t>(param(name)); }
+  float f32(const char* name) const { return static_cast<float>(param(name)); }
+  bool flag(const char* name) const { return param(name) != 0.0; }
+};
+
+// A matmul's numerics (the op linear's parameters).
+struct MatmulConfig {
+  clef_tt_fidelity fidelity = CLEF_TT_HIFI4;
+  // false: a bf16 destination register (the sum rounded to bf16 after every 32 channels).
+  bool fp32_dest_acc = true;
+  // Activations rounded to bf16 before the product (the device holds bf16 tiles).
+  bool bf16_activations = false;
+  // Packer L1 accumulation (a ttnn speed knob; no effect on the host backend's numbers).
+  bool packer_l1_acc = true;
+};
+
+// The gated delta rule's sizes (the op gated_delta_rule's parameters).
+struct DeltaSpec {
+  uint32_t key_heads = 0;
+  uint32_t value_heads = 0;
+  uint32_t key_dim = 0;
+  uint32_t value_dim = 0;
 };
 
 struct Segment {
@@ -96,48 +173,9 @@ class DeviceMesh {
   virtual uint64_t device_bytes(const TensorView& t) = 0;
   virtual StoragePtr copy(const TensorView& t) = 0;
 
-  virtual StoragePtr linear(const TensorView& x, const TensorView& w,
-                            const clef_tt_matmul_config& config) = 0;
-  virtual StoragePtr all_reduce(const TensorView& x) = 0;
-  virtual std::vector<StoragePtr> split_cols(const TensorView& x,
-                                             const std::vector<uint32_t>& widths) = 0;
-  virtual StoragePtr add(const TensorView& a, const TensorView& b) = 0;
-  virtual StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
-                              bool one_plus) = 0;
-  virtual StoragePtr swiglu(const TensorView& gate_up) = 0;
-  virtual StoragePair split_query_gate(const TensorView& qg, uint32_t heads, uint32_t head_dim) = 0;
-  virtual StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
-                          uint32_t head_dim) = 0;
-  // `cache` may be null; the rows hold `heads` heads (a KV cache).
-  virtual StoragePtr append_rows(const TensorView* cache, const TensorView& rows,
-                                 uint32_t heads) = 0;
-  virtual StoragePtr causal_attention(const TensorView& q, const TensorView& keys,
-                                      const TensorView& values, uint32_t heads, uint32_t kv_heads,
-                                      uint32_t head_dim) = 0;
-  virtual StoragePtr mul_sigmoid(const TensorView& x, const TensorView& gate) = 0;
-  // `carry` may be null (zeros). Returns the output and the new carry.
-  virtual StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w,
-                                         const TensorView* carry, uint32_t kernel) = 0;
-  // Returns g and beta.
-  virtual StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
-                                  const TensorView& dt_bias) = 0;
-  // `state` may be null (zeros). Returns the core output and the final state.
-  virtual StoragePair gated_delta_rule(const TensorView& qkv, const TensorView& g,
-                                       const TensorView& beta, const TensorView* state,
-                                       const clef_tt_delta_spec& spec) = 0;
-  virtual StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
-                                    uint32_t group, float eps) = 0;
-
-  virtual StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
-                                float eps) = 0;
-  virtual StoragePtr add_bias(const TensorView& x, const TensorView& b) = 0;
-  virtual StoragePtr gelu(const TensorView& x, clef_tt_gelu_kind kind) = 0;
-  virtual StoragePtr rotary(const TensorView& x, const TensorView& cos, const TensorView& sin,
-                            uint32_t heads, uint32_t head_dim) = 0;
-  virtual StoragePtr segment_attention(const TensorView& q, const TensorView& k,
-                                       const TensorView& v, uint32_t heads, uint32_t head_dim,
-                                       const std::vector<Segment>& segments) = 0;
-  virtual StoragePtr fold_rows(const TensorView& x, uint32_t group) = 0;
+  // A fine op of the op table (clef_tt_op): the results in the declared order. The core has
+  // checked every operand, parameter and shape against the declaration and the op's rules.
+  virtual std::vector<StoragePtr> op(const OpArgs& args) = 0;
 
   // A layer op (clef_tt_layer_op): the results in the caller's order. `inputs` holds the op's
   // tensors (empty for an absent optional one), `rope` the tables of the positions or null. A

@@ -1,16 +1,15 @@
-//! Every fine op of the C ABI is present in every place that must have it ("Adding an op" in
-//! ffi/README.md lists them). The header (`include/clef_tt.h`) declares the fine ops: the
-//! `int clef_tt_<op>(clef_tt_mesh *mesh, ...)` entries of its "ops:" sections, the layer-op
-//! entry aside. Each must then be bound (`src/bindings.rs`), defined by the core
-//! (`shim/core/abi_ops.cpp`), a `DeviceMesh` virtual (`shim/backend.hpp`) overridden by the host
-//! backend (`shim/host/host_backend.cpp`) and forwarded by the ttnn backend
-//! (`shim/ttnn/python_backend.cpp`) to a method of the op package (`shim/ttnn/clef_tt_ttnn/`),
-//! called by clef-device's tt mesh (`device/src/tt/ops.rs`), and exercised by the op batteries
-//! (`device/tests/tt_mesh.rs` against the CPU mesh, `shim/ttnn/tests/test_ops_mock.py` on the
-//! mock P150x2). The other way round, the core defines and clef-device calls no `clef_tt_*`
-//! function the header lacks. Text checks only: a missing place fails here by name instead of
-//! at link time, at load time, or never.
+//! Every fine op is present in every place that must have it ("Adding an op" in ffi/README.md).
+//! The op table declares the fine ops (`shim/core/op_table.cpp`; the shim lists it at run time
+//! through `clef_tt_op_table`). Each declared op must then be computed by the host backend (its
+//! kernel table in `shim/host/host_backend.cpp`) and by the op package (a method of the same
+//! name in `shim/ttnn/clef_tt_ttnn/`), be a `MeshOps` method (`device/src/ops.rs`) with the CPU
+//! mesh's maths (`device/src/cpu/`) and a `clef_tt_op` call in clef-device's tt mesh
+//! (`device/src/tt/ops.rs`), and be exercised by the op batteries (`device/tests/tt_mesh.rs`
+//! against the CPU mesh, `shim/ttnn/tests/test_ops_mock.py` on the mock P150x2). The other way
+//! round, clef-device calls no fine op the table lacks. Text checks beside the table the shim
+//! gives: a missing place fails here by name instead of at run time, or never.
 
+use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 
 fn ffi() -> PathBuf {
@@ -21,88 +20,104 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `clef_tt_<name>` after every `prefix` in `text`, e.g. the functions a file defines.
-fn entries(text: &str, prefix: &str) -> Vec<String> {
-    text.match_indices(prefix)
-        .filter_map(|(at, _)| {
-            let rest = &text[at + prefix.len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest[name.len()..]
-                .starts_with('(')
-                .then(|| name.trim_start_matches("clef_tt_").to_string())
-        })
-        .collect()
-}
-
-/// The fine ops the header declares: its `int clef_tt_<op>(clef_tt_mesh *mesh` entries after
-/// the first "---- ops:" marker, but the layer-op entry.
-fn declared_ops() -> Vec<String> {
-    let header = read(&ffi().join("include/clef_tt.h"));
-    let ops_at = header
-        .find("---- ops:")
-        .expect("clef_tt.h has no \"---- ops:\" section");
-    let ops: Vec<String> = entries(&header[ops_at..], "int clef_tt_")
-        .into_iter()
-        .filter(|name| name != "layer_op")
-        .collect();
-    assert!(ops.len() >= 20, "the header declares only {ops:?}");
-    ops
-}
-
-/// The op package's sources, as one text.
-fn op_package() -> String {
-    let dir = ffi().join("shim/ttnn/clef_tt_ttnn");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "py"))
-        .collect();
+/// Every file under `dir` ending in `ext`, as one text.
+fn sources(dir: &Path, ext: &str) -> String {
+    let mut files = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|x| x == ext) {
+                files.push(path);
+            }
+        }
+    }
     files.sort();
     files.iter().map(|p| read(p)).collect()
 }
 
+/// The op table as the host shim lists it (`clef_tt_op_table`), or None where no host shim was
+/// built (no C++ compiler).
+fn op_table_json() -> Option<String> {
+    if clef_tt_abi::HOST_SHIM.is_empty() {
+        return None;
+    }
+    // SAFETY: the host shim exports the whole ABI (checked by the crate's own tests); the
+    // buffer outlives the call and its capacity is passed.
+    unsafe {
+        let lib = clef_tt_abi::ClefTtLibrary::new(clef_tt_abi::HOST_SHIM).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut len = 0usize;
+        let status = lib.clef_tt_op_table(buf.as_mut_ptr().cast::<c_char>(), buf.len(), &mut len);
+        assert_eq!(status, 0, "clef_tt_op_table failed");
+        buf.truncate(len);
+        Some(String::from_utf8(buf).unwrap())
+    }
+}
+
+/// The names of the ops of the table's JSON (each op object is `{"name":"...","inputs":...`).
+fn op_names(json: &str) -> Vec<String> {
+    json.split("{\"name\":\"")
+        .skip(1)
+        .filter_map(|rest| {
+            let (name, after) = rest.split_once('"')?;
+            after.starts_with(",\"inputs\"").then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// The op names clef-device's tt mesh passes to `clef_tt_op` (`op1("..."`, `op2("..."`,
+/// `fine_op("..."`, or a `let op = "..."` they are given).
+fn called_ops(tt_ops: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for prefix in ["op1(\"", "op2(\"", "fine_op(\"", "let op = \""] {
+        for (at, _) in tt_ops.match_indices(prefix) {
+            let rest = &tt_ops[at + prefix.len()..];
+            if let Some((name, _)) = rest.split_once('"') {
+                out.push(name.to_string());
+            }
+        }
+    }
+    out
+}
+
 #[test]
-fn every_fine_op_is_in_every_place_the_boundary_needs_it() {
+fn every_declared_op_is_in_every_place_that_needs_it() {
+    let Some(json) = op_table_json() else {
+        eprintln!("no host shim was built (no C++ compiler): the op table cannot be listed");
+        return;
+    };
+    let ops = op_names(&json);
+    assert!(ops.len() >= 21, "the op table lists only {ops:?}");
     let root = ffi().join("..");
     // (where, its text, what it holds for an op: `{op}` stands for the op's name)
     let places: Vec<(&str, String, &str)> = vec![
         (
-            "ffi/src/bindings.rs (run ffi/regenerate-bindings.sh)",
-            read(&ffi().join("src/bindings.rs")),
-            "clef_tt_{op}:",
-        ),
-        (
-            "ffi/shim/core/abi_ops.cpp (the core's entry point)",
-            read(&ffi().join("shim/core/abi_ops.cpp")),
-            "int clef_tt_{op}(clef_tt_mesh* mesh",
-        ),
-        (
-            "ffi/shim/backend.hpp (a DeviceMesh virtual)",
-            read(&ffi().join("shim/backend.hpp")),
-            " {op}(",
-        ),
-        (
-            "ffi/shim/host/host_backend.cpp (the host backend)",
+            "ffi/shim/host/host_backend.cpp (the host backend's kernel table)",
             read(&ffi().join("shim/host/host_backend.cpp")),
-            " {op}(",
-        ),
-        (
-            "ffi/shim/ttnn/python_backend.cpp (the forward to Python)",
-            read(&ffi().join("shim/ttnn/python_backend.cpp")),
-            "attr(\"{op}\")",
+            "{\"{op}\",",
         ),
         (
             "ffi/shim/ttnn/clef_tt_ttnn/ (the op package's method)",
-            op_package(),
+            sources(&ffi().join("shim/ttnn/clef_tt_ttnn"), "py"),
             "def {op}(self",
+        ),
+        (
+            "device/src/ops.rs (the MeshOps method)",
+            read(&root.join("device/src/ops.rs")),
+            "fn {op}(",
+        ),
+        (
+            "device/src/cpu/ (the CPU mesh's maths)",
+            sources(&root.join("device/src/cpu"), "rs"),
+            "fn {op}(",
         ),
         (
             "device/src/tt/ops.rs (clef-device's call)",
             read(&root.join("device/src/tt/ops.rs")),
-            "clef_tt_{op}(",
+            "\"{op}\"",
         ),
         (
             "device/tests/tt_mesh.rs (the battery against the CPU mesh)",
@@ -116,50 +131,49 @@ fn every_fine_op_is_in_every_place_the_boundary_needs_it() {
         ),
     ];
     let mut missing = Vec::new();
-    for op in declared_ops() {
+    for op in &ops {
         for (place, text, needle) in &places {
-            if !text.contains(&needle.replace("{op}", &op)) {
+            if !text.contains(&needle.replace("{op}", op)) {
                 missing.push(format!("{op}: not in {place}"));
             }
         }
     }
     assert!(
         missing.is_empty(),
-        "fine ops declared in include/clef_tt.h but missing elsewhere (ffi/README.md, \"Adding an \
-         op\"):\n{}",
+        "ops of the op table (ffi/shim/core/op_table.cpp) missing elsewhere (ffi/README.md, \
+         \"Adding an op\"):\n{}",
         missing.join("\n")
     );
-}
-
-#[test]
-fn nothing_defines_or_calls_an_entry_the_header_lacks() {
-    let header = read(&ffi().join("include/clef_tt.h"));
-    let known = entries(&header, "clef_tt_");
-    let root = ffi().join("..");
-    let mut unknown = Vec::new();
-    for (place, prefix) in [
-        (ffi().join("shim/core/abi_ops.cpp"), "int clef_tt_"),
-        (root.join("device/src/tt/ops.rs"), ".clef_tt_"),
-    ] {
-        for name in entries(&read(&place), prefix) {
-            if !known.contains(&name) {
-                unknown.push(format!("clef_tt_{name} in {}", place.display()));
-            }
-        }
-    }
+    let called = called_ops(&read(&root.join("device/src/tt/ops.rs")));
+    let unknown: Vec<&String> = called.iter().filter(|op| !ops.contains(op)).collect();
     assert!(
         unknown.is_empty(),
-        "not declared in include/clef_tt.h: {unknown:?}"
+        "device/src/tt/ops.rs calls ops the op table does not declare: {unknown:?}"
     );
 }
 
 #[test]
-fn the_declared_ops_are_the_fine_ops_of_the_header() {
-    // The parse above finds what a reader of the header finds: the first and last op of each
-    // section (a parse that stopped early, or ran into the layer-op entry, fails here).
-    let ops = declared_ops();
+fn the_table_lists_each_op_with_its_operands_parameters_and_results() {
+    let Some(json) = op_table_json() else {
+        return;
+    };
+    // The parse above finds what the table holds: ops of both sections, no operand or
+    // parameter name taken for an op.
+    let ops = op_names(&json);
     for op in ["linear", "gated_rms_norm", "layer_norm", "fold_rows"] {
         assert!(ops.contains(&op.to_string()), "{op} not in {ops:?}");
     }
-    assert!(!ops.contains(&"layer_op".to_string()));
+    for not_op in ["x", "w", "group", "eps"] {
+        assert!(
+            !ops.contains(&not_op.to_string()),
+            "{not_op} taken for an op"
+        );
+    }
+    assert!(json.contains(
+        "{\"name\":\"rms_norm\",\"inputs\":[{\"name\":\"x\",\"kind\":\"activation\",\
+         \"optional\":false},{\"name\":\"w\",\"kind\":\"vector\",\"optional\":false}],\
+         \"params\":[{\"name\":\"group\",\"type\":\"u32\"},{\"name\":\"eps\",\"type\":\"f32\"},\
+         {\"name\":\"one_plus\",\"type\":\"flag\"}],\"list\":null,\"results\":[\"out\"],\
+         \"results_per_list_entry\":false}"
+    ));
 }

@@ -10,7 +10,7 @@
 //! that outlives the call, the strings, the rope spec, the positions and the result specs are
 //! locals that outlive it, and the output pointers are the locals adopted after it.
 
-use super::ops::matmul_config;
+use super::ops::matmul_numerics;
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{AttentionLayer, BatchedLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
 use clef_tt_abi as sys;
@@ -26,7 +26,7 @@ pub(super) enum Input<'a> {
 }
 
 impl Input<'_> {
-    fn raw(&self) -> *const sys::clef_tt_tensor {
+    pub(super) fn raw(&self) -> *const sys::clef_tt_tensor {
         match self {
             Input::Tensor(t) => t.raw(),
             Input::Weight(w) => w.raw(),
@@ -142,13 +142,12 @@ pub(super) fn stream_and_pairs(v: Vec<TtTensor>) -> Option<BatchedLayer<TtTensor
     Some((stream, pairs))
 }
 
-/// The matmul numerics as the backend's `linear` takes them (the same fields as
-/// `clef_tt_matmul_config`).
+/// The matmul numerics as the backend's `linear` takes them (the op `linear`'s parameters).
 fn matmul_params(n: &crate::Numerics) -> Value {
-    let c = matmul_config(n);
+    let [fidelity, fp32_dest_acc, bf16_activations, packer_l1_acc] = matmul_numerics(n);
     json!({
-        "fidelity": c.fidelity, "fp32_dest_acc": c.fp32_dest_acc,
-        "bf16_activations": c.bf16_activations, "packer_l1_acc": c.packer_l1_acc,
+        "fidelity": fidelity, "fp32_dest_acc": fp32_dest_acc,
+        "bf16_activations": bf16_activations, "packer_l1_acc": packer_l1_acc,
     })
 }
 

@@ -404,17 +404,6 @@ impl TtMesh {
         self.adopt(out)
     }
 
-    /// Runs a call with two output tensors.
-    fn call2(
-        &self,
-        f: impl FnOnce(*mut *mut sys::clef_tt_tensor, *mut *mut sys::clef_tt_tensor) -> i32,
-    ) -> Result<(TtTensor, TtTensor)> {
-        self.count_call();
-        let (mut a, mut b) = (null_mut(), null_mut());
-        self.shim().check(f(&mut a, &mut b))?;
-        Ok((self.adopt(a)?, self.adopt(b)?))
-    }
-
     /// Upload host bytes (`parts`: one per device, or one replicated).
     fn upload(&self, desc: &sys::clef_tt_tensor_desc, parts: &[&[u8]]) -> Result<TensorHandle> {
         let host: Vec<sys::clef_tt_host_part> = parts

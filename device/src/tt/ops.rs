@@ -1,12 +1,14 @@
-//! Every [`MeshOps`] op of [`TtMesh`] as its C ABI call. The shim checks the arguments and
-//! computes placements (the same rules as the CPU mesh), so these are thin: convert the
-//! parameters, call, own the results.
+//! Every [`MeshOps`] op of [`TtMesh`] as its C ABI call: a fine op through the generic
+//! `clef_tt_op` (its tensors and parameters in the order the shim's op table declares them,
+//! ffi/shim/core/op_table.cpp), a layer op through `clef_tt_layer_op` (layers.rs). The shim
+//! checks the arguments and computes placements (the same rules as the CPU mesh), so these are
+//! thin: convert the parameters, call, own the results.
 //!
 //! SAFETY (all blocks below): every tensor pointer comes from a live handle of this mesh that
 //! outlives the call, every parameter struct or slice outlives the call, and the output
 //! pointers are the call helpers' locals.
 
-use super::layers::{stream_and_pairs, three, Input};
+use super::layers::{optional_input, stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::{
     AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu,
@@ -15,26 +17,107 @@ use crate::{
 };
 use clef_tt_abi as sys;
 use serde_json::{json, Value};
-use std::ptr::null;
+use std::ffi::CString;
+use std::ptr::{null, null_mut};
 
-pub(super) fn matmul_config(n: &Numerics) -> sys::clef_tt_matmul_config {
+/// The matmul numerics as the op `linear` takes them: fidelity, fp32_dest_acc,
+/// bf16_activations, packer_l1_acc (the ABI's fidelity values; flags 0 or 1).
+pub(super) fn matmul_numerics(n: &Numerics) -> [u32; 4] {
     use crate::Fidelity;
-    sys::clef_tt_matmul_config {
-        fidelity: match n.fidelity {
-            Fidelity::Exact => sys::CLEF_TT_EXACT,
-            Fidelity::LoFi => sys::CLEF_TT_LOFI,
-            Fidelity::HiFi2 => sys::CLEF_TT_HIFI2,
-            Fidelity::HiFi3 => sys::CLEF_TT_HIFI3,
-            Fidelity::HiFi4 => sys::CLEF_TT_HIFI4,
-        },
-        fp32_dest_acc: u32::from(!n.bf16_accumulation),
-        bf16_activations: u32::from(n.bf16_activations),
-        packer_l1_acc: 1,
+    let fidelity = match n.fidelity {
+        Fidelity::Exact => sys::CLEF_TT_EXACT,
+        Fidelity::LoFi => sys::CLEF_TT_LOFI,
+        Fidelity::HiFi2 => sys::CLEF_TT_HIFI2,
+        Fidelity::HiFi3 => sys::CLEF_TT_HIFI3,
+        Fidelity::HiFi4 => sys::CLEF_TT_HIFI4,
+    };
+    [
+        fidelity,
+        u32::from(!n.bf16_accumulation),
+        u32::from(n.bf16_activations),
+        1,
+    ]
+}
+
+/// A result the shim did not give (it gives every result or fails).
+fn missing_result(op: &'static str) -> crate::DeviceError {
+    crate::DeviceError::Shape {
+        op,
+        detail: "the shim gave fewer results than asked".into(),
     }
 }
 
-fn optional(t: Option<&TtTensor>) -> *const sys::clef_tt_tensor {
-    t.map_or(null(), TtTensor::raw)
+/// A flag parameter as the ABI takes it.
+fn flag(b: bool) -> f64 {
+    f64::from(u8::from(b))
+}
+
+impl TtMesh {
+    /// One call of `clef_tt_op`: `op`'s tensors and parameters in the order its declaration in
+    /// the shim's op table gives them (ffi/shim/core/op_table.cpp), its list of numbers, and
+    /// `results` results.
+    fn fine_op(
+        &self,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        params: &[f64],
+        list: &[u32],
+        results: usize,
+    ) -> Result<Vec<TtTensor>> {
+        let name = CString::new(op).map_err(|_| crate::DeviceError::Shape {
+            op,
+            detail: "an op name with a NUL".into(),
+        })?;
+        let raw: Vec<*const sys::clef_tt_tensor> = inputs.iter().map(Input::raw).collect();
+        let (n_inputs, n_params) = (
+            dim(op, "inputs", raw.len())?,
+            dim(op, "params", params.len())?,
+        );
+        let (n_list, n_outs) = (dim(op, "list", list.len())?, dim(op, "results", results)?);
+        let list_ptr = if list.is_empty() {
+            null()
+        } else {
+            list.as_ptr()
+        };
+        let mut outs = vec![null_mut(); results];
+        self.count_call();
+        self.shim().check(unsafe {
+            self.shim().lib.clef_tt_op(
+                self.raw(),
+                name.as_ptr(),
+                raw.as_ptr(),
+                n_inputs,
+                params.as_ptr(),
+                n_params,
+                list_ptr,
+                n_list,
+                outs.as_mut_ptr(),
+                n_outs,
+            )
+        })?;
+        outs.into_iter().map(|r| self.adopt(r)).collect()
+    }
+
+    /// A fine op of one result.
+    fn op1(&self, op: &'static str, inputs: &[Input<'_>], params: &[f64]) -> Result<TtTensor> {
+        self.fine_op(op, inputs, params, &[], 1)?
+            .pop()
+            .ok_or_else(|| missing_result(op))
+    }
+
+    /// A fine op of two results.
+    fn op2(
+        &self,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        params: &[f64],
+    ) -> Result<(TtTensor, TtTensor)> {
+        let mut out = self.fine_op(op, inputs, params, &[], 2)?;
+        match (out.pop(), out.pop()) {
+            (Some(second), Some(first)) => Ok((first, second)),
+            _ => Err(missing_result(op)),
+        }
+    }
 }
 
 impl MeshOps for TtMesh {
@@ -124,20 +207,18 @@ impl MeshOps for TtMesh {
         w.handle.info().map_or(0, |i| i.device_bytes as usize)
     }
 
+    // The fine ops: one clef_tt_op call each, the arguments in the order the shim's op table
+    // declares them (ffi/shim/core/op_table.cpp).
     fn linear(&self, x: &TtTensor, w: &TtWeight) -> Result<TtTensor> {
-        let config = matmul_config(&self.numerics);
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_linear(self.raw(), x.raw(), w.raw(), &config, out)
-        })
+        let numerics = matmul_numerics(&self.numerics).map(f64::from);
+        self.op1("linear", &[Input::Tensor(x), Input::Weight(w)], &numerics)
     }
 
     fn all_reduce(&self, x: &TtTensor) -> Result<TtTensor> {
         if Self::placement_of(x)? == sys::CLEF_TT_REPLICATED {
             return Ok(x.clone());
         }
-        self.call1(|out| unsafe { self.shim().lib.clef_tt_all_reduce(self.raw(), x.raw(), out) })
+        self.op1("all_reduce", &[Input::Tensor(x)], &[])
     }
 
     fn split_cols(&self, x: &TtTensor, widths: &[usize]) -> Result<Vec<TtTensor>> {
@@ -145,27 +226,11 @@ impl MeshOps for TtMesh {
             .iter()
             .map(|&v| dim("split_cols", "width", v))
             .collect::<Result<_>>()?;
-        let n = dim("split_cols", "blocks", w.len())?;
-        let mut outs = vec![std::ptr::null_mut(); w.len()];
-        self.count_call();
-        self.shim().check(unsafe {
-            self.shim().lib.clef_tt_split_cols(
-                self.raw(),
-                x.raw(),
-                w.as_ptr(),
-                n,
-                outs.as_mut_ptr(),
-            )
-        })?;
-        outs.into_iter().map(|raw| self.adopt(raw)).collect()
+        self.fine_op("split_cols", &[Input::Tensor(x)], &[], &w, w.len())
     }
 
     fn add(&self, a: &TtTensor, b: &TtTensor) -> Result<TtTensor> {
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_add(self.raw(), a.raw(), b.raw(), out)
-        })
+        self.op1("add", &[Input::Tensor(a), Input::Tensor(b)], &[])
     }
 
     fn rms_norm(
@@ -177,25 +242,12 @@ impl MeshOps for TtMesh {
         one_plus: bool,
     ) -> Result<TtTensor> {
         let group = dim("rms_norm", "group", group)?;
-        self.call1(|out| unsafe {
-            self.shim().lib.clef_tt_rms_norm(
-                self.raw(),
-                x.raw(),
-                w.raw(),
-                group,
-                eps,
-                u32::from(one_plus),
-                out,
-            )
-        })
+        let params = [f64::from(group), f64::from(eps), flag(one_plus)];
+        self.op1("rms_norm", &[Input::Tensor(x), Input::Weight(w)], &params)
     }
 
     fn swiglu(&self, gate_up: &TtTensor) -> Result<TtTensor> {
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_swiglu(self.raw(), gate_up.raw(), out)
-        })
+        self.op1("swiglu", &[Input::Tensor(gate_up)], &[])
     }
 
     fn split_query_gate(
@@ -208,23 +260,25 @@ impl MeshOps for TtMesh {
             dim("split_query_gate", "heads", heads)?,
             dim("split_query_gate", "head dim", head_dim)?,
         );
-        self.call2(|q, g| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_split_query_gate(self.raw(), qg.raw(), h, d, q, g)
-        })
+        let params = [f64::from(h), f64::from(d)];
+        self.op2("split_query_gate", &[Input::Tensor(qg)], &params)
     }
 
     fn rope(&self, x: &TtTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<TtTensor> {
         let c = super::layers::rope_spec("rope", spec)?;
-        let rows = dim("rope", "rows", positions.len())?;
-        // `[[u32; 3]]` is laid out as 3 * rows consecutive u32.
-        let flat = positions.as_ptr().cast::<u32>();
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_rope(self.raw(), x.raw(), &c, flat, rows, out)
-        })
+        let [t, h, w] = c.mrope_section.map(f64::from);
+        let params = [
+            f64::from(c.heads),
+            f64::from(c.head_dim),
+            f64::from(c.rotary_dim),
+            t,
+            h,
+            w,
+            c.theta,
+        ];
+        let flat = positions.as_flattened();
+        let mut out = self.fine_op("rope", &[Input::Tensor(x)], &params, flat, 1)?;
+        out.pop().ok_or_else(|| missing_result("rope"))
     }
 
     fn append_rows(
@@ -234,11 +288,8 @@ impl MeshOps for TtMesh {
         heads: usize,
     ) -> Result<TtTensor> {
         let heads = dim("append_rows", "heads", heads)?;
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_append_rows(self.raw(), optional(cache), new.raw(), heads, out)
-        })
+        let inputs = [optional_input(cache), Input::Tensor(new)];
+        self.op1("append_rows", &inputs, &[f64::from(heads)])
     }
 
     fn causal_attention(
@@ -249,31 +300,17 @@ impl MeshOps for TtMesh {
         spec: &AttentionSpec,
     ) -> Result<TtTensor> {
         let op = "causal_attention";
-        let (h, kv, d) = (
-            dim(op, "heads", spec.heads)?,
-            dim(op, "kv heads", spec.kv_heads)?,
-            dim(op, "head dim", spec.head_dim)?,
-        );
-        self.call1(|out| unsafe {
-            self.shim().lib.clef_tt_causal_attention(
-                self.raw(),
-                q.raw(),
-                keys.raw(),
-                values.raw(),
-                h,
-                kv,
-                d,
-                out,
-            )
-        })
+        let params = [
+            f64::from(dim(op, "heads", spec.heads)?),
+            f64::from(dim(op, "kv heads", spec.kv_heads)?),
+            f64::from(dim(op, "head dim", spec.head_dim)?),
+        ];
+        let inputs = [Input::Tensor(q), Input::Tensor(keys), Input::Tensor(values)];
+        self.op1(op, &inputs, &params)
     }
 
     fn mul_sigmoid(&self, x: &TtTensor, gate: &TtTensor) -> Result<TtTensor> {
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_mul_sigmoid(self.raw(), x.raw(), gate.raw(), out)
-        })
+        self.op1("mul_sigmoid", &[Input::Tensor(x), Input::Tensor(gate)], &[])
     }
 
     fn causal_conv1d_silu(
@@ -284,17 +321,8 @@ impl MeshOps for TtMesh {
         kernel: usize,
     ) -> Result<(TtTensor, TtTensor)> {
         let kernel = dim("causal_conv1d_silu", "kernel", kernel)?;
-        self.call2(|out, next| unsafe {
-            self.shim().lib.clef_tt_causal_conv1d_silu(
-                self.raw(),
-                x.raw(),
-                w.raw(),
-                optional(carry),
-                kernel,
-                out,
-                next,
-            )
-        })
+        let inputs = [Input::Tensor(x), Input::Weight(w), optional_input(carry)];
+        self.op2("causal_conv1d_silu", &inputs, &[f64::from(kernel)])
     }
 
     fn delta_gates(
@@ -304,17 +332,13 @@ impl MeshOps for TtMesh {
         a_log: &TtWeight,
         dt_bias: &TtWeight,
     ) -> Result<(TtTensor, TtTensor)> {
-        self.call2(|g, beta| unsafe {
-            self.shim().lib.clef_tt_delta_gates(
-                self.raw(),
-                a.raw(),
-                b.raw(),
-                a_log.raw(),
-                dt_bias.raw(),
-                g,
-                beta,
-            )
-        })
+        let inputs = [
+            Input::Tensor(a),
+            Input::Tensor(b),
+            Input::Weight(a_log),
+            Input::Weight(dt_bias),
+        ];
+        self.op2("delta_gates", &inputs, &[])
     }
 
     fn gated_delta_rule(
@@ -326,24 +350,19 @@ impl MeshOps for TtMesh {
         spec: &DeltaNetSpec,
     ) -> Result<(TtTensor, TtTensor)> {
         let op = "gated_delta_rule";
-        let c = sys::clef_tt_delta_spec {
-            key_heads: dim(op, "key heads", spec.key_heads)?,
-            value_heads: dim(op, "value heads", spec.value_heads)?,
-            key_dim: dim(op, "key dim", spec.key_dim)?,
-            value_dim: dim(op, "value dim", spec.value_dim)?,
-        };
-        self.call2(|out, next| unsafe {
-            self.shim().lib.clef_tt_gated_delta_rule(
-                self.raw(),
-                qkv.raw(),
-                g.raw(),
-                beta.raw(),
-                optional(state),
-                &c,
-                out,
-                next,
-            )
-        })
+        let params = [
+            f64::from(dim(op, "key heads", spec.key_heads)?),
+            f64::from(dim(op, "value heads", spec.value_heads)?),
+            f64::from(dim(op, "key dim", spec.key_dim)?),
+            f64::from(dim(op, "value dim", spec.value_dim)?),
+        ];
+        let inputs = [
+            Input::Tensor(qkv),
+            Input::Tensor(g),
+            Input::Tensor(beta),
+            optional_input(state),
+        ];
+        self.op2(op, &inputs, &params)
     }
 
     fn gated_rms_norm(
@@ -355,33 +374,21 @@ impl MeshOps for TtMesh {
         eps: f32,
     ) -> Result<TtTensor> {
         let group = dim("gated_rms_norm", "group", group)?;
-        self.call1(|out| unsafe {
-            self.shim().lib.clef_tt_gated_rms_norm(
-                self.raw(),
-                x.raw(),
-                z.raw(),
-                w.raw(),
-                group,
-                eps,
-                out,
-            )
-        })
+        let inputs = [Input::Tensor(x), Input::Tensor(z), Input::Weight(w)];
+        self.op1(
+            "gated_rms_norm",
+            &inputs,
+            &[f64::from(group), f64::from(eps)],
+        )
     }
 
     fn layer_norm(&self, x: &TtTensor, w: &TtWeight, b: &TtWeight, eps: f32) -> Result<TtTensor> {
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_layer_norm(self.raw(), x.raw(), w.raw(), b.raw(), eps, out)
-        })
+        let inputs = [Input::Tensor(x), Input::Weight(w), Input::Weight(b)];
+        self.op1("layer_norm", &inputs, &[f64::from(eps)])
     }
 
     fn add_bias(&self, x: &TtTensor, b: &TtWeight) -> Result<TtTensor> {
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_add_bias(self.raw(), x.raw(), b.raw(), out)
-        })
+        self.op1("add_bias", &[Input::Tensor(x), Input::Weight(b)], &[])
     }
 
     fn gelu(&self, x: &TtTensor, kind: Gelu) -> Result<TtTensor> {
@@ -389,7 +396,7 @@ impl MeshOps for TtMesh {
             Gelu::Tanh => sys::CLEF_TT_GELU_TANH,
             Gelu::Erf => sys::CLEF_TT_GELU_ERF,
         };
-        self.call1(|out| unsafe { self.shim().lib.clef_tt_gelu(self.raw(), x.raw(), kind, out) })
+        self.op1("gelu", &[Input::Tensor(x)], &[f64::from(kind)])
     }
 
     fn rotary(
@@ -400,15 +407,12 @@ impl MeshOps for TtMesh {
         heads: usize,
         head_dim: usize,
     ) -> Result<TtTensor> {
-        let (h, d) = (
-            dim("rotary", "heads", heads)?,
-            dim("rotary", "head dim", head_dim)?,
-        );
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_rotary(self.raw(), x.raw(), cos.raw(), sin.raw(), h, d, out)
-        })
+        let params = [
+            f64::from(dim("rotary", "heads", heads)?),
+            f64::from(dim("rotary", "head dim", head_dim)?),
+        ];
+        let inputs = [Input::Tensor(x), Input::Tensor(cos), Input::Tensor(sin)];
+        self.op1("rotary", &inputs, &params)
     }
 
     fn segment_attention(
@@ -421,35 +425,23 @@ impl MeshOps for TtMesh {
         segments: &[std::ops::Range<usize>],
     ) -> Result<TtTensor> {
         let op = "segment_attention";
-        let (h, d) = (dim(op, "heads", heads)?, dim(op, "head dim", head_dim)?);
+        let params = [
+            f64::from(dim(op, "heads", heads)?),
+            f64::from(dim(op, "head dim", head_dim)?),
+        ];
         let bounds: Vec<u32> = segments
             .iter()
             .flat_map(|s| [s.start, s.end])
             .map(|v| dim(op, "segment bound", v))
             .collect::<Result<_>>()?;
-        let n = dim(op, "segments", segments.len())?;
-        self.call1(|out| unsafe {
-            self.shim().lib.clef_tt_segment_attention(
-                self.raw(),
-                q.raw(),
-                k.raw(),
-                v.raw(),
-                h,
-                d,
-                bounds.as_ptr(),
-                n,
-                out,
-            )
-        })
+        let inputs = [Input::Tensor(q), Input::Tensor(k), Input::Tensor(v)];
+        let mut out = self.fine_op(op, &inputs, &params, &bounds, 1)?;
+        out.pop().ok_or_else(|| missing_result(op))
     }
 
     fn fold_rows(&self, x: &TtTensor, group: usize) -> Result<TtTensor> {
         let group = dim("fold_rows", "group", group)?;
-        self.call1(|out| unsafe {
-            self.shim()
-                .lib
-                .clef_tt_fold_rows(self.raw(), x.raw(), group, out)
-        })
+        self.op1("fold_rows", &[Input::Tensor(x)], &[f64::from(group)])
     }
 
     // The layer ops: one clef_tt_layer_op call each (layers.rs); None where the shim does

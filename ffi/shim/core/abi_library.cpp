@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "call.hpp"
+#include "op_table.hpp"
 #include "tile_format.hpp"
 
 using namespace clef_tt;
@@ -145,6 +146,10 @@ int clef_tt_visible_devices(uint32_t* out) {
 
 int clef_tt_describe(char* out, size_t capacity, size_t* len) {
   return guarded("describe", [&] { write_text(backend().describe(), out, capacity, len); });
+}
+
+int clef_tt_op_table(char* out, size_t capacity, size_t* len) {
+  return guarded("op_table", [&] { write_text(op_table_json(), out, capacity, len); });
 }
 
 int clef_tt_mesh_open(const clef_tt_mesh_config* config, clef_tt_mesh** out) {

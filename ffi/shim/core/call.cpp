@@ -118,16 +118,11 @@ const clef_tt_tensor& Call::activation(const clef_tt_tensor* t, const char* name
   return x;
 }
 
-const clef_tt_tensor& Call::vector(const clef_tt_tensor* t, const char* name, uint64_t values) {
+const clef_tt_tensor& Call::vector(const clef_tt_tensor* t, const char* name) {
   const clef_tt_tensor& w = tensor(t, name);
   if (w.meta.role != CLEF_TT_VECTOR) {
     invalid(std::string("argument ") + name + ": expected a vector weight, got a " +
             (w.meta.role == CLEF_TT_MATRIX ? "matrix weight" : "activation"));
-  }
-  uint64_t got = static_cast<uint64_t>(w.meta.rows) * w.meta.cols;
-  if (got != values) {
-    invalid(std::string("argument ") + name + ": a weight of " + std::to_string(got) +
-            " values, expected " + std::to_string(values));
   }
   return w;
 }
@@ -143,14 +138,6 @@ const clef_tt_tensor& Call::matrix(const clef_tt_tensor* t, const char* name) {
 
 void Call::output(clef_tt_tensor** out, const char* name) {
   if (out == nullptr) invalid(std::string("output ") + name + " is null");
-}
-
-clef_tt_placement Call::elementwise(std::initializer_list<const clef_tt_tensor*> inputs) {
-  clef_tt_placement placement = (*inputs.begin())->meta.placement;
-  for (const clef_tt_tensor* t : inputs) {
-    if (t->meta.placement == CLEF_TT_SHARDED) placement = CLEF_TT_SHARDED;
-  }
-  return placement;
 }
 
 Meta Call::activation_meta(uint32_t rows, uint32_t cols, clef_tt_placement placement) const {

@@ -61,14 +61,12 @@ class Call {
   const clef_tt_tensor& tensor(const clef_tt_tensor* t, const char* name);
   // ... that is an activation and not a partial sum.
   const clef_tt_tensor& activation(const clef_tt_tensor* t, const char* name);
-  // ... that is a vector weight of exactly `values` values.
-  const clef_tt_tensor& vector(const clef_tt_tensor* t, const char* name, uint64_t values);
+  // ... that is a vector weight (its size is the op rule's to check).
+  const clef_tt_tensor& vector(const clef_tt_tensor* t, const char* name);
   const clef_tt_tensor& matrix(const clef_tt_tensor* t, const char* name);
   // An output pointer, checked before any work is done.
   void output(clef_tt_tensor** out, const char* name);
 
-  // The placement of an elementwise result: sharded if any input is, else the first's.
-  static clef_tt_placement elementwise(std::initializer_list<const clef_tt_tensor*> inputs);
   Meta activation_meta(uint32_t rows, uint32_t cols, clef_tt_placement placement) const;
 
   // Queue a result; publish() hands all queued results to `outs` (in order).

@@ -103,6 +103,19 @@ Rows kept(Rows r, clef_tt_dtype dtype) {
   return r;
 }
 
+std::vector<StoragePtr> one(StoragePtr a) {
+  std::vector<StoragePtr> out;
+  out.push_back(std::move(a));
+  return out;
+}
+
+std::vector<StoragePtr> two(StoragePtr a, StoragePtr b) {
+  std::vector<StoragePtr> out;
+  out.push_back(std::move(a));
+  out.push_back(std::move(b));
+  return out;
+}
+
 class HostMesh : public DeviceMesh {
  public:
   HostMesh(uint32_t first, const clef_tt_mesh_config& config)
@@ -178,184 +191,203 @@ class HostMesh : public DeviceMesh {
     return make(std::move(parts));
   }
 
-  StoragePtr linear(const TensorView& x, const TensorView& w,
-                    const clef_tt_matmul_config& config) override {
-    faults_.count("linear");
-    return each([&](uint32_t d) { return math::linear(rows(x, d), rows(w, d), config); });
-  }
-
-  StoragePtr all_reduce(const TensorView& x) override {
-    faults_.count("all_reduce");
-    Rows sum = rows(x, 0);
-    for (uint32_t d = 1; d < x.meta.devices; ++d) sum = math::add(sum, rows(x, d));
-    return each([&](uint32_t) { return sum; });
-  }
-
-  std::vector<StoragePtr> split_cols(const TensorView& x,
-                                     const std::vector<uint32_t>& widths) override {
-    faults_.count("split_cols");
-    std::vector<Rows> src;
-    for (uint32_t d = 0; d < x.meta.devices; ++d) src.push_back(rows(x, d));
-    std::vector<StoragePtr> out;
-    uint32_t start = 0;
-    for (uint32_t w : widths) {
-      out.push_back(each([&](uint32_t d) {
-        Rows part(src[d].rows, w);
-        for (uint32_t r = 0; r < part.rows; ++r) {
-          std::memcpy(part.row(r), src[d].row(r) + start, w * 4);
-        }
-        return part;
-      }));
-      start += w;
+  // The fine ops, each as its declaration in the op table names it (core/op_table.cpp): the
+  // core has checked every operand, parameter and shape; these compute device by device.
+  std::vector<StoragePtr> op(const OpArgs& a) override {
+    faults_.count(a.op.name);
+    using Kernel = std::vector<StoragePtr> (*)(HostMesh&, const OpArgs&);
+    static const std::map<std::string, Kernel> kernels = {
+        {"linear",
+         [](HostMesh& m, const OpArgs& a) {
+           MatmulConfig c;
+           c.fidelity = static_cast<clef_tt_fidelity>(a.u32("fidelity"));
+           c.fp32_dest_acc = a.flag("fp32_dest_acc");
+           c.bf16_activations = a.flag("bf16_activations");
+           c.packer_l1_acc = a.flag("packer_l1_acc");
+           return one(m.each(
+               [&](uint32_t d) { return math::linear(rows(a.in(0), d), rows(a.in(1), d), c); }));
+         }},
+        {"all_reduce",
+         [](HostMesh& m, const OpArgs& a) {
+           const TensorView& x = a.in(0);
+           Rows sum = rows(x, 0);
+           for (uint32_t d = 1; d < x.meta.devices; ++d) sum = math::add(sum, rows(x, d));
+           return one(m.each([&](uint32_t) { return sum; }));
+         }},
+        {"split_cols",
+         [](HostMesh& m, const OpArgs& a) {
+           const TensorView& x = a.in(0);
+           std::vector<Rows> src;
+           for (uint32_t d = 0; d < x.meta.devices; ++d) src.push_back(rows(x, d));
+           std::vector<StoragePtr> out;
+           uint32_t start = 0;
+           for (uint32_t w : a.list) {
+             out.push_back(m.each([&](uint32_t d) {
+               Rows part(src[d].rows, w);
+               for (uint32_t r = 0; r < part.rows; ++r) {
+                 std::memcpy(part.row(r), src[d].row(r) + start, w * 4);
+               }
+               return part;
+             }));
+             start += w;
+           }
+           return out;
+         }},
+        {"add",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(
+               m.each([&](uint32_t d) { return math::add(rows(a.in(0), d), rows(a.in(1), d)); }));
+         }},
+        {"rms_norm",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::rms_norm(rows(a.in(0), d), values(a.in(1), d), a.u32("group"),
+                                   a.f32("eps"), a.flag("one_plus"));
+           }));
+         }},
+        {"swiglu",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) { return math::swiglu(rows(a.in(0), d)); }));
+         }},
+        {"split_query_gate",
+         [](HostMesh& m, const OpArgs& a) {
+           uint32_t heads = a.u32("heads"), dh = a.u32("head_dim");
+           std::vector<StoragePtr> out;
+           for (uint32_t half = 0; half < 2; ++half) {
+             out.push_back(m.each(
+                 [&](uint32_t d) { return math::pick_half(rows(a.in(0), d), heads, dh, half); }));
+           }
+           return out;
+         }},
+        {"rope",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::rope(rows(a.in(0), d), *a.rope, a.u32("head_dim"));
+           }));
+         }},
+        {"append_rows",
+         [](HostMesh& m, const OpArgs& a) {
+           const TensorView* cache = a.maybe(0);
+           return one(m.each([&](uint32_t d) {
+             Rows tail = kept(rows(a.in(1), d), m.config_.kv_dtype);
+             if (cache == nullptr) return tail;
+             Rows all = rows(*cache, d);
+             all.rows += tail.rows;
+             all.v.insert(all.v.end(), tail.v.begin(), tail.v.end());
+             return all;
+           }));
+         }},
+        {"causal_attention",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::causal_attention(rows(a.in(0), d), rows(a.in(1), d), rows(a.in(2), d),
+                                           a.u32("heads"), a.u32("kv_heads"), a.u32("head_dim"));
+           }));
+         }},
+        {"mul_sigmoid",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each(
+               [&](uint32_t d) { return math::mul_sigmoid(rows(a.in(0), d), rows(a.in(1), d)); }));
+         }},
+        {"causal_conv1d_silu",
+         [](HostMesh& m, const OpArgs& a) {
+           uint32_t kernel = a.u32("kernel");
+           const TensorView* carry = a.maybe(2);
+           std::vector<Rows> outs, carries;
+           for (uint32_t d = 0; d < a.in(0).meta.devices; ++d) {
+             Rows xs = rows(a.in(0), d);
+             Rows prev = carry == nullptr ? Rows(kernel - 1, xs.cols) : rows(*carry, d);
+             auto pair = math::causal_conv1d_silu(xs, values(a.in(1), d), prev, kernel);
+             outs.push_back(std::move(pair.first));
+             carries.push_back(std::move(pair.second));
+           }
+           return two(m.tiles(outs), m.tiles(carries));
+         }},
+        {"delta_gates",
+         [](HostMesh& m, const OpArgs& a) {
+           const clef_tt_dtype gates = m.config_.gdn_gate_dtype;
+           auto g = m.each([&](uint32_t d) {
+             return kept(math::decay_gate(rows(a.in(0), d), values(a.in(2), d), values(a.in(3), d)),
+                         gates);
+           });
+           auto beta =
+               m.each([&](uint32_t d) { return kept(math::sigmoid_all(rows(a.in(1), d)), gates); });
+           return two(std::move(g), std::move(beta));
+         }},
+        {"gated_delta_rule",
+         [](HostMesh& m, const OpArgs& a) {
+           DeltaSpec spec{a.u32("key_heads"), a.u32("value_heads"), a.u32("key_dim"),
+                          a.u32("value_dim")};
+           const TensorView* state = a.maybe(3);
+           std::vector<Rows> outs, states;
+           for (uint32_t d = 0; d < a.in(0).meta.devices; ++d) {
+             Rows s = state == nullptr ? Rows(spec.value_heads * spec.key_dim, spec.value_dim)
+                                       : rows(*state, d);
+             auto pair = math::gated_delta_rule(rows(a.in(0), d), rows(a.in(1), d),
+                                                rows(a.in(2), d), s, spec);
+             outs.push_back(std::move(pair.first));
+             states.push_back(kept(std::move(pair.second), m.config_.gdn_state_dtype));
+           }
+           return two(m.tiles(outs), m.tiles(states));
+         }},
+        {"gated_rms_norm",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::gated_rms_norm(rows(a.in(0), d), rows(a.in(1), d), values(a.in(2), d),
+                                         a.u32("group"), a.f32("eps"));
+           }));
+         }},
+        {"layer_norm",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::layer_norm(rows(a.in(0), d), values(a.in(1), d), values(a.in(2), d),
+                                     a.f32("eps"));
+           }));
+         }},
+        {"add_bias",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each(
+               [&](uint32_t d) { return math::add_bias(rows(a.in(0), d), values(a.in(1), d)); }));
+         }},
+        {"gelu",
+         [](HostMesh& m, const OpArgs& a) {
+           auto kind = static_cast<clef_tt_gelu_kind>(a.u32("kind"));
+           return one(m.each([&](uint32_t d) { return math::gelu(rows(a.in(0), d), kind); }));
+         }},
+        {"rotary",
+         [](HostMesh& m, const OpArgs& a) {
+           return one(m.each([&](uint32_t d) {
+             return math::rotary(rows(a.in(0), d), rows(a.in(1), d), rows(a.in(2), d),
+                                 a.u32("head_dim"));
+           }));
+         }},
+        {"segment_attention",
+         [](HostMesh& m, const OpArgs& a) {
+           std::vector<Segment> segments;
+           for (size_t i = 0; i + 1 < a.list.size(); i += 2) {
+             segments.push_back({a.list[i], a.list[i + 1]});
+           }
+           return one(m.each([&](uint32_t d) {
+             return math::segment_attention(rows(a.in(0), d), rows(a.in(1), d), rows(a.in(2), d),
+                                            a.u32("heads"), a.u32("head_dim"), segments);
+           }));
+         }},
+        {"fold_rows",
+         [](HostMesh& m, const OpArgs& a) {
+           uint32_t group = a.u32("group");
+           return one(m.each([&](uint32_t d) {
+             Rows x = rows(a.in(0), d);
+             x.rows /= group;
+             x.cols *= group;
+             return x;
+           }));
+         }},
+    };
+    auto kernel = kernels.find(a.op.name);
+    if (kernel == kernels.end()) {
+      throw Error(CLEF_TT_UNSUPPORTED, std::string("the host backend has no op ") + a.op.name);
     }
-    return out;
-  }
-
-  StoragePtr add(const TensorView& a, const TensorView& b) override {
-    faults_.count("add");
-    return each([&](uint32_t d) { return math::add(rows(a, d), rows(b, d)); });
-  }
-
-  StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
-                      bool one_plus) override {
-    faults_.count("rms_norm");
-    return each(
-        [&](uint32_t d) { return math::rms_norm(rows(x, d), values(w, d), group, eps, one_plus); });
-  }
-
-  StoragePtr swiglu(const TensorView& gate_up) override {
-    faults_.count("swiglu");
-    return each([&](uint32_t d) { return math::swiglu(rows(gate_up, d)); });
-  }
-
-  StoragePair split_query_gate(const TensorView& qg, uint32_t heads, uint32_t d_head) override {
-    faults_.count("split_query_gate");
-    auto q = each([&](uint32_t d) { return math::pick_half(rows(qg, d), heads, d_head, 0); });
-    auto g = each([&](uint32_t d) { return math::pick_half(rows(qg, d), heads, d_head, 1); });
-    return {std::move(q), std::move(g)};
-  }
-
-  StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t,
-                  uint32_t head_dim) override {
-    faults_.count("rope");
-    return each([&](uint32_t d) { return math::rope(rows(x, d), tables, head_dim); });
-  }
-
-  StoragePtr append_rows(const TensorView* cache, const TensorView& new_rows, uint32_t) override {
-    faults_.count("append_rows");
-    return each([&](uint32_t d) {
-      Rows tail = kept(rows(new_rows, d), config_.kv_dtype);
-      if (cache == nullptr) return tail;
-      Rows all = rows(*cache, d);
-      all.rows += tail.rows;
-      all.v.insert(all.v.end(), tail.v.begin(), tail.v.end());
-      return all;
-    });
-  }
-
-  StoragePtr causal_attention(const TensorView& q, const TensorView& keys,
-                              const TensorView& values_, uint32_t heads, uint32_t kv_heads,
-                              uint32_t head_dim) override {
-    faults_.count("causal_attention");
-    return each([&](uint32_t d) {
-      return math::causal_attention(rows(q, d), rows(keys, d), rows(values_, d), heads, kv_heads,
-                                    head_dim);
-    });
-  }
-
-  StoragePtr mul_sigmoid(const TensorView& x, const TensorView& gate) override {
-    faults_.count("mul_sigmoid");
-    return each([&](uint32_t d) { return math::mul_sigmoid(rows(x, d), rows(gate, d)); });
-  }
-
-  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* carry,
-                                 uint32_t kernel) override {
-    faults_.count("causal_conv1d_silu");
-    std::vector<Rows> outs, carries;
-    for (uint32_t d = 0; d < x.meta.devices; ++d) {
-      Rows xs = rows(x, d);
-      Rows prev = carry == nullptr ? Rows(kernel - 1, xs.cols) : rows(*carry, d);
-      auto pair = math::causal_conv1d_silu(xs, values(w, d), prev, kernel);
-      outs.push_back(std::move(pair.first));
-      carries.push_back(std::move(pair.second));
-    }
-    return {tiles(outs), tiles(carries)};
-  }
-
-  StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
-                          const TensorView& dt_bias) override {
-    faults_.count("delta_gates");
-    const clef_tt_dtype gates = config_.gdn_gate_dtype;
-    auto g = each([&](uint32_t d) {
-      return kept(math::decay_gate(rows(a, d), values(a_log, d), values(dt_bias, d)), gates);
-    });
-    auto beta = each([&](uint32_t d) { return kept(math::sigmoid_all(rows(b, d)), gates); });
-    return {std::move(g), std::move(beta)};
-  }
-
-  StoragePair gated_delta_rule(const TensorView& qkv, const TensorView& g, const TensorView& beta,
-                               const TensorView* state, const clef_tt_delta_spec& spec) override {
-    faults_.count("gated_delta_rule");
-    std::vector<Rows> outs, states;
-    for (uint32_t d = 0; d < qkv.meta.devices; ++d) {
-      Rows s = state == nullptr ? Rows(spec.value_heads * spec.key_dim, spec.value_dim)
-                                : rows(*state, d);
-      auto pair = math::gated_delta_rule(rows(qkv, d), rows(g, d), rows(beta, d), s, spec);
-      outs.push_back(std::move(pair.first));
-      states.push_back(kept(std::move(pair.second), config_.gdn_state_dtype));
-    }
-    return {tiles(outs), tiles(states)};
-  }
-
-  StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
-                            uint32_t group, float eps) override {
-    faults_.count("gated_rms_norm");
-    return each([&](uint32_t d) {
-      return math::gated_rms_norm(rows(x, d), rows(z, d), values(w, d), group, eps);
-    });
-  }
-
-  StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
-                        float eps) override {
-    faults_.count("layer_norm");
-    return each(
-        [&](uint32_t d) { return math::layer_norm(rows(x, d), values(w, d), values(b, d), eps); });
-  }
-
-  StoragePtr add_bias(const TensorView& x, const TensorView& b) override {
-    faults_.count("add_bias");
-    return each([&](uint32_t d) { return math::add_bias(rows(x, d), values(b, d)); });
-  }
-
-  StoragePtr gelu(const TensorView& x, clef_tt_gelu_kind kind) override {
-    faults_.count("gelu");
-    return each([&](uint32_t d) { return math::gelu(rows(x, d), kind); });
-  }
-
-  StoragePtr rotary(const TensorView& x, const TensorView& cos, const TensorView& sin, uint32_t,
-                    uint32_t head_dim) override {
-    faults_.count("rotary");
-    return each(
-        [&](uint32_t d) { return math::rotary(rows(x, d), rows(cos, d), rows(sin, d), head_dim); });
-  }
-
-  StoragePtr segment_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                               uint32_t heads, uint32_t head_dim,
-                               const std::vector<Segment>& segments) override {
-    faults_.count("segment_attention");
-    return each([&](uint32_t d) {
-      return math::segment_attention(rows(q, d), rows(k, d), rows(v, d), heads, head_dim, segments);
-    });
-  }
-
-  StoragePtr fold_rows(const TensorView& x, uint32_t group) override {
-    faults_.count("fold_rows");
-    return each([&](uint32_t d) {
-      Rows m = rows(x, d);
-      m.rows /= group;
-      m.cols *= group;
-      return m;
-    });
+    return kernel->second(*this, a);
   }
 
   std::string command(const std::string& request_json) override {

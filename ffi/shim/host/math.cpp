@@ -159,7 +159,7 @@ void attend_all(const Rows& q, uint32_t qcol, uint32_t begin, uint32_t end, Visi
 
 }  // namespace
 
-Rows linear(const Rows& x, const Rows& w, const clef_tt_matmul_config& config) {
+Rows linear(const Rows& x, const Rows& w, const MatmulConfig& config) {
   const bool imitate = config.fidelity != CLEF_TT_EXACT;
   const bool bf16_in = config.bf16_activations != 0 || imitate;
   // Mantissa bits the multipliers see (Tenstorrent's documentation): srcB (activations) 1 + 6 at
@@ -326,7 +326,7 @@ Rows sigmoid_all(const Rows& b) {
 }
 
 std::pair<Rows, Rows> gated_delta_rule(const Rows& qkv, const Rows& g, const Rows& beta,
-                                       const Rows& state, const clef_tt_delta_spec& spec) {
+                                       const Rows& state, const DeltaSpec& spec) {
   FlushDenormals ftz;
   const uint32_t nk = spec.key_heads, nv = spec.value_heads, dk = spec.key_dim, dv = spec.value_dim,
                  t = qkv.rows, ratio = nv / nk;

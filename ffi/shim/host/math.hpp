@@ -13,7 +13,7 @@ namespace clef_tt::host::math {
 // x [T, K] · w [K, N] with the matrix engine's fidelity and accumulation imitated: activations
 // rounded to bf16 (and to 1 + 6 mantissa bits at LoFi / HiFi2), weights to 1 + 4 bits at LoFi,
 // the running sum rounded to bf16 after every 32 input channels without fp32_dest_acc.
-Rows linear(const Rows& x, const Rows& w, const clef_tt_matmul_config& config);
+Rows linear(const Rows& x, const Rows& w, const MatmulConfig& config);
 Rows add(const Rows& a, const Rows& b);
 Rows rms_norm(const Rows& x, const std::vector<float>& w, uint32_t group, float eps, bool one_plus);
 Rows swiglu(const Rows& gate_up);
@@ -30,7 +30,7 @@ Rows decay_gate(const Rows& a, const std::vector<float>& a_log, const std::vecto
 Rows sigmoid_all(const Rows& b);
 // Returns {out [T, nv*dv], state [nv*dk, dv]}; the token-by-token recurrence.
 std::pair<Rows, Rows> gated_delta_rule(const Rows& qkv, const Rows& g, const Rows& beta,
-                                       const Rows& state, const clef_tt_delta_spec& spec);
+                                       const Rows& state, const DeltaSpec& spec);
 Rows gated_rms_norm(const Rows& x, const Rows& z, const std::vector<float>& w, uint32_t group,
                     float eps);
 

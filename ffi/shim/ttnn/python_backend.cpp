@@ -216,7 +216,7 @@ class PyMesh : public DeviceMesh {
   }
 
   StoragePtr upload(const Meta& meta, const std::vector<HostBytes>& parts) override {
-    return op("upload", [&] {
+    return one_result("upload", [&] {
       py::list views;
       for (const HostBytes& p : parts) {
         views.append(py::memoryview::from_memory(p.data, static_cast<ssize_t>(p.bytes)));
@@ -226,7 +226,7 @@ class PyMesh : public DeviceMesh {
   }
 
   StoragePtr allocate(const Meta& meta) override {
-    return op("allocate", [&] { return mesh_->attr("allocate")(meta_object(meta)); });
+    return one_result("allocate", [&] { return mesh_->attr("allocate")(meta_object(meta)); });
   }
 
   void download(const TensorView& t, uint32_t device, float* out) override {
@@ -250,141 +250,45 @@ class PyMesh : public DeviceMesh {
   }
 
   StoragePtr copy(const TensorView& t) override {
-    return op("copy", [&] { return mesh_->attr("copy")(meta_object(t.meta), storage(t).obj()); });
+    return one_result("copy",
+                      [&] { return mesh_->attr("copy")(meta_object(t.meta), storage(t).obj()); });
   }
 
-  StoragePtr linear(const TensorView& x, const TensorView& w,
-                    const clef_tt_matmul_config& c) override {
-    return op("linear", [&] {
-      py::dict config;
-      config["fidelity"] = static_cast<int>(c.fidelity);
-      config["fp32_dest_acc"] = c.fp32_dest_acc != 0;
-      config["bf16_activations"] = c.bf16_activations != 0;
-      config["packer_l1_acc"] = c.packer_l1_acc != 0;
-      return mesh_->attr("linear")(arg(x), arg(w), config);
-    });
-  }
-
-  StoragePtr all_reduce(const TensorView& x) override {
-    return op("all_reduce", [&] { return mesh_->attr("all_reduce")(arg(x)); });
-  }
-
-  std::vector<StoragePtr> split_cols(const TensorView& x,
-                                     const std::vector<uint32_t>& widths) override {
-    return with_python("split_cols", [&] {
-      py::list parts = mesh_->attr("split_cols")(arg(x), widths);
+  // A fine op: the op package's `Mesh.op` with the declared arguments (core/op_table.cpp):
+  // the tensors in order (None for an absent optional one), the parameters as a dict in order
+  // (ints, floats and bools as declared), the list (or None) and the rope tables (or None).
+  std::vector<StoragePtr> op(const OpArgs& a) override {
+    return with_python(a.op.name, [&] {
+      py::list tensors;
+      for (size_t i = 0; i < a.inputs.size(); ++i) tensors.append(optional_arg(a.maybe(i)));
+      py::dict params;
+      for (size_t i = 0; i < a.op.params.size(); ++i) {
+        const Param& p = a.op.params[i];
+        switch (p.type) {
+          case ParamType::F32:
+          case ParamType::F64:
+            params[p.name] = a.params[i];
+            break;
+          case ParamType::Flag:
+            params[p.name] = a.params[i] != 0.0;
+            break;
+          case ParamType::U32:
+          case ParamType::Fidelity:
+          case ParamType::GeluKind:
+            params[p.name] = static_cast<uint32_t>(a.params[i]);
+            break;
+        }
+      }
+      py::object list = a.op.list == nullptr ? py::object(py::none()) : py::cast(a.list);
+      py::object tables = a.rope == nullptr ? py::object(py::none()) : rope_arg(*a.rope);
+      py::object made = mesh_->attr("op")(a.op.name, tensors, params, list, tables);
       std::vector<StoragePtr> out;
-      for (py::handle p : parts) out.push_back(wrap(py::reinterpret_borrow<py::object>(p)));
-      if (out.size() != widths.size()) {
-        throw Error(CLEF_TT_INTERNAL, "split_cols: clef_tt_ttnn returned " +
-                                          std::to_string(out.size()) + " parts, expected " +
-                                          std::to_string(widths.size()));
+      if (py::isinstance<py::tuple>(made) || py::isinstance<py::list>(made)) {
+        for (py::handle r : made) out.push_back(wrap(py::reinterpret_borrow<py::object>(r)));
+      } else {
+        out.push_back(wrap(made));
       }
       return out;
-    });
-  }
-
-  StoragePtr add(const TensorView& a, const TensorView& b) override {
-    return op("add", [&] { return mesh_->attr("add")(arg(a), arg(b)); });
-  }
-
-  StoragePtr rms_norm(const TensorView& x, const TensorView& w, uint32_t group, float eps,
-                      bool one_plus) override {
-    return op("rms_norm",
-              [&] { return mesh_->attr("rms_norm")(arg(x), arg(w), group, eps, one_plus); });
-  }
-
-  StoragePtr swiglu(const TensorView& gate_up) override {
-    return op("swiglu", [&] { return mesh_->attr("swiglu")(arg(gate_up)); });
-  }
-
-  StoragePair split_query_gate(const TensorView& qg, uint32_t heads, uint32_t head_dim) override {
-    return pair("split_query_gate",
-                [&] { return mesh_->attr("split_query_gate")(arg(qg), heads, head_dim); });
-  }
-
-  StoragePtr rope(const TensorView& x, const RopeTables& tables, uint32_t heads,
-                  uint32_t head_dim) override {
-    return op("rope",
-              [&] { return mesh_->attr("rope")(arg(x), rope_arg(tables), heads, head_dim); });
-  }
-
-  StoragePtr append_rows(const TensorView* cache, const TensorView& rows, uint32_t heads) override {
-    return op("append_rows",
-              [&] { return mesh_->attr("append_rows")(optional_arg(cache), arg(rows), heads); });
-  }
-
-  StoragePtr causal_attention(const TensorView& q, const TensorView& keys, const TensorView& values,
-                              uint32_t heads, uint32_t kv_heads, uint32_t head_dim) override {
-    return op("causal_attention", [&] {
-      return mesh_->attr("causal_attention")(arg(q), arg(keys), arg(values), heads, kv_heads,
-                                             head_dim);
-    });
-  }
-
-  StoragePtr mul_sigmoid(const TensorView& x, const TensorView& gate) override {
-    return op("mul_sigmoid", [&] { return mesh_->attr("mul_sigmoid")(arg(x), arg(gate)); });
-  }
-
-  StoragePair causal_conv1d_silu(const TensorView& x, const TensorView& w, const TensorView* carry,
-                                 uint32_t kernel) override {
-    return pair("causal_conv1d_silu", [&] {
-      return mesh_->attr("causal_conv1d_silu")(arg(x), arg(w), optional_arg(carry), kernel);
-    });
-  }
-
-  StoragePair delta_gates(const TensorView& a, const TensorView& b, const TensorView& a_log,
-                          const TensorView& dt_bias) override {
-    return pair("delta_gates", [&] {
-      return mesh_->attr("delta_gates")(arg(a), arg(b), arg(a_log), arg(dt_bias));
-    });
-  }
-
-  StoragePair gated_delta_rule(const TensorView& qkv, const TensorView& g, const TensorView& beta,
-                               const TensorView* state, const clef_tt_delta_spec& s) override {
-    return pair("gated_delta_rule", [&] {
-      py::dict spec;
-      spec["key_heads"] = s.key_heads;
-      spec["value_heads"] = s.value_heads;
-      spec["key_dim"] = s.key_dim;
-      spec["value_dim"] = s.value_dim;
-      return mesh_->attr("gated_delta_rule")(arg(qkv), arg(g), arg(beta), optional_arg(state),
-                                             spec);
-    });
-  }
-
-  StoragePtr gated_rms_norm(const TensorView& x, const TensorView& z, const TensorView& w,
-                            uint32_t group, float eps) override {
-    return op("gated_rms_norm",
-              [&] { return mesh_->attr("gated_rms_norm")(arg(x), arg(z), arg(w), group, eps); });
-  }
-
-  StoragePtr layer_norm(const TensorView& x, const TensorView& w, const TensorView& b,
-                        float eps) override {
-    return op("layer_norm", [&] { return mesh_->attr("layer_norm")(arg(x), arg(w), arg(b), eps); });
-  }
-
-  StoragePtr add_bias(const TensorView& x, const TensorView& b) override {
-    return op("add_bias", [&] { return mesh_->attr("add_bias")(arg(x), arg(b)); });
-  }
-
-  StoragePtr gelu(const TensorView& x, clef_tt_gelu_kind kind) override {
-    return op("gelu", [&] { return mesh_->attr("gelu")(arg(x), static_cast<int>(kind)); });
-  }
-
-  StoragePtr rotary(const TensorView& x, const TensorView& cos, const TensorView& sin,
-                    uint32_t heads, uint32_t head_dim) override {
-    return op("rotary",
-              [&] { return mesh_->attr("rotary")(arg(x), arg(cos), arg(sin), heads, head_dim); });
-  }
-
-  StoragePtr segment_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                               uint32_t heads, uint32_t head_dim,
-                               const std::vector<Segment>& segments) override {
-    return op("segment_attention", [&] {
-      py::list list;
-      for (const Segment& s : segments) list.append(py::make_tuple(s.start, s.end));
-      return mesh_->attr("segment_attention")(arg(q), arg(k), arg(v), heads, head_dim, list);
     });
   }
 
@@ -407,10 +311,6 @@ class PyMesh : public DeviceMesh {
     });
   }
 
-  StoragePtr fold_rows(const TensorView& x, uint32_t group) override {
-    return op("fold_rows", [&] { return mesh_->attr("fold_rows")(arg(x), group); });
-  }
-
  private:
   StoragePtr wrap(py::object o) { return std::make_unique<PyStorage>(mesh_, std::move(o)); }
 
@@ -427,21 +327,8 @@ class PyMesh : public DeviceMesh {
 
   // One result from `body` (a Python call returning the result's object).
   template <class F>
-  StoragePtr op(const char* what, F&& body) {
+  StoragePtr one_result(const char* what, F&& body) {
     return with_python(what, [&] { return wrap(body()); });
-  }
-
-  // Two results from `body` (a Python call returning a pair).
-  template <class F>
-  StoragePair pair(const char* what, F&& body) {
-    return with_python(what, [&] {
-      py::tuple t = body();
-      if (t.size() != 2) {
-        throw Error(CLEF_TT_INTERNAL, std::string(what) + ": clef_tt_ttnn returned " +
-                                          std::to_string(t.size()) + " results, expected 2");
-      }
-      return StoragePair(wrap(t[0]), wrap(t[1]));
-    });
   }
 
   Shared mesh_;

@@ -70,6 +70,26 @@ def check_kept(config):
             )
 
 
+# The fine ops whose methods take their arguments otherwise than (tensors..., params...):
+# name -> (tensors, params, list, rope tables) -> the method's positional arguments.
+FINE_OP_ARGS = {
+    # The matmul numerics as one config dict.
+    "linear": lambda t, p, items, tables: (*t, p),
+    # The delta rule's sizes as one spec dict.
+    "gated_delta_rule": lambda t, p, items, tables: (*t, p),
+    # The rope tables the core computed from the positions, and the head layout.
+    "rope": lambda t, p, items, tables: (t[0], tables, p["heads"], p["head_dim"]),
+    "split_cols": lambda t, p, items, tables: (t[0], list(items)),
+    # (start, end) pairs.
+    "segment_attention": lambda t, p, items, tables: (
+        *t,
+        p["heads"],
+        p["head_dim"],
+        list(zip(items[0::2], items[1::2], strict=True)),
+    ),
+}
+
+
 class Mesh(
     Helpers,
     Transfers,
@@ -120,6 +140,18 @@ class Mesh(
             from .golden import install
 
             install(self)
+
+    # -- the fine ops -----------------------------------------------------------------------------
+    def op(self, name, tensors, params, items, tables):
+        """The ABI's fine-op entry (clef_tt_op): the method of the same name, given the tensors in
+        the declared order ((meta, obj) pairs, None for an absent optional one) and then the
+        parameters in the declared order (ffi/shim/core/op_table.cpp); the few ops whose methods
+        take a config, a list or rope tables get them as those methods take them (FINE_OP_ARGS).
+        Returns a result, or a tuple or list of results."""
+        shape = FINE_OP_ARGS.get(name)
+        if shape is not None:
+            return getattr(self, name)(*shape(tensors, params, items, tables))
+        return getattr(self, name)(*tensors, *params.values())
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def wrap(self, t, host=None):
