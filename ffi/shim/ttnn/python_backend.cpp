@@ -282,11 +282,15 @@ class PyMesh : public DeviceMesh {
       py::object list = a.op.list == nullptr ? py::object(py::none()) : py::cast(a.list);
       py::object tables = a.rope == nullptr ? py::object(py::none()) : rope_arg(*a.rope);
       py::object made = mesh_->attr("op")(a.op.name, tensors, params, list, tables);
+      // One declared result is the object returned; several (or one per list entry) come as
+      // a tuple or list (the core checks their number).
       std::vector<StoragePtr> out;
-      if (py::isinstance<py::tuple>(made) || py::isinstance<py::list>(made)) {
-        for (py::handle r : made) out.push_back(wrap(py::reinterpret_borrow<py::object>(r)));
-      } else {
+      if (a.op.results.size() == 1 && !a.op.results_per_list_entry) {
         out.push_back(wrap(made));
+      } else {
+        for (py::handle r : py::iterable(made)) {
+          out.push_back(wrap(py::reinterpret_borrow<py::object>(r)));
+        }
       }
       return out;
     });
