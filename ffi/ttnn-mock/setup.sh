@@ -3,8 +3,8 @@
 # shim's tests (no hardware). Makes, under DIR:
 #   venv/    CPython 3.12 (else 3.10) with ttnn==0.81.1 and pybind11 (the shim's build needs it)
 #   rt/      the runtime root: the installed ttnn package as it is, with
-#            runtime/sfpi/compiler/bin/riscv-tt-elf-g++ running the stand-in compiler beside
-#            this file with the venv's Python
+#            runtime/sfpi/compiler/bin/riscv-tt-elf-g++, the stand-in compiler built with g++
+#            from stand_in_compiler.cpp beside this file
 #   cache/   a private TT_METAL_CACHE (placeholder kernels carry the real cache key: never let
 #            them into ~/.cache/tt-metal-cache, where a real chip would later load them)
 #   lib/     libclef_tt_trace_shim.so, built with g++ from trace_shim.cpp beside this file: makes
@@ -37,7 +37,7 @@ if [ -z "$py" ]; then
   done
 fi
 [ -n "$py" ] || { echo "ttnn 0.81.1 has wheels for CPython 3.12 and 3.10 only; none found (set TT_MOCK_PYTHON)" >&2; exit 1; }
-command -v g++ >/dev/null 2>&1 || { echo "the trace shim needs g++ (apt-get install g++)" >&2; exit 1; }
+command -v g++ >/dev/null 2>&1 || { echo "the stand-in compiler and the trace shim need g++ (apt-get install g++)" >&2; exit 1; }
 [ -x "$dir/venv/bin/python" ] || "$py" -m venv "$dir/venv"
 "$dir/venv/bin/python" -c 'import ttnn, pybind11' 2>/dev/null ||
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check "ttnn==0.81.1" "pybind11==3.*"
@@ -56,14 +56,11 @@ done
 for f in "$pkg"/runtime/*; do
   [ "$(basename "$f")" = sfpi ] || ln -s "$f" "$rt/runtime/$(basename "$f")"
 done
-# The stand-in runs with the venv's interpreter directly, without site: ttnn calls it a few times
-# per kernel (thousands of times on a cold cache), and through a pyenv shim each call cost ~100 ms
-# instead of ~20.
-cat >"$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++" <<GXX
-#!/bin/sh
-exec "$dir/venv/bin/python" -S -E "$here/riscv-tt-elf-g++" "\$@"
-GXX
-chmod +x "$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+# The stand-in compiler (stand_in_compiler.cpp says what it writes), built with g++ under a
+# temporary name, then renamed.
+gxx="$rt/runtime/sfpi/compiler/bin/riscv-tt-elf-g++"
+g++ -std=c++17 -O2 -Wall -Wextra -o "$gxx.tmp" "$here/stand_in_compiler.cpp"
+mv -f "$gxx.tmp" "$gxx"
 # The trace shim (trace_shim.cpp says what it interposes and why). Built under a temporary name,
 # then renamed: processes that have the old one loaded keep it intact. The version script keeps
 # the C++ library's template instances out of the exported symbols.
