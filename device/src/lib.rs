@@ -11,6 +11,7 @@
 
 pub mod cpu;
 mod error;
+pub mod fine_call;
 pub mod formats;
 mod host;
 mod mesh;

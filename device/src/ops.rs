@@ -9,6 +9,7 @@
 //! Weights are uploaded already split per device ([`MeshOps::upload_weight`] takes one part per
 //! device); which split a weight gets is decided by the caller's tensor-parallel plan.
 
+use crate::fine_call::{list_u32, one, two, FineCall};
 use crate::{
     HostTensor, HostWeight, MeshShape, PassOutput, PassStats, PrefillPass, Result, WeightBytes,
     WeightFormat, WeightKind,
@@ -41,6 +42,23 @@ pub struct RopeSpec {
 pub enum Gelu {
     Tanh,
     Erf,
+}
+
+impl Gelu {
+    /// The kind's code in the C ABI (`clef_tt_gelu_kind`).
+    pub fn code(self) -> u32 {
+        match self {
+            Gelu::Tanh => clef_tt_abi::CLEF_TT_GELU_TANH,
+            Gelu::Erf => clef_tt_abi::CLEF_TT_GELU_ERF,
+        }
+    }
+
+    /// The kind of an ABI code.
+    pub fn from_code(code: u32) -> Option<Gelu> {
+        [Gelu::Tanh, Gelu::Erf]
+            .into_iter()
+            .find(|g| g.code() == code)
+    }
 }
 
 /// Per-device shape of a gated attention layer.
@@ -243,17 +261,44 @@ pub trait MeshOps: Sync {
     /// Bytes the weight occupies on all devices together.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
 
+    /// Run one fine op (fine_call.rs): the tt mesh hands it to the shim's `clef_tt_op`, the CPU
+    /// mesh runs its maths for the op. The fine ops below build the call in their default
+    /// bodies, so a backend implements this one method for all of them.
+    fn fine_op(&self, call: &FineCall<'_, Self::Tensor, Self::Weight>)
+        -> Result<Vec<Self::Tensor>>;
+
+    // The fine ops. Each default body is the op's encoding: its operands and parameters in
+    // the order the shim's op table declares them (ffi/shim/core/op_table.cpp).
+
     /// `x · Wᵀ` per device. A replicated `x` against a column-split weight gives a sharded
-    /// result; a sharded `x` against a row-split weight gives partial sums.
-    fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+    /// result; a sharded `x` against a row-split weight gives partial sums. The matmul numerics
+    /// are the backend's: the tt mesh adds its profile's (the table's four parameters), the CPU
+    /// mesh computes in its own.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor> {
+        let call = FineCall::new("linear").tensor(x).weight(w);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Sum the per-device partial sums and replicate the result (reduce-scatter followed by
     /// all-gather, as the Tenstorrent port does it). The CPU mesh sums in f32; the ttnn backend
     /// holds the partial sums in the activation dtype (bf16 collectives, as the port).
-    fn all_reduce(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    fn all_reduce(&self, x: &Self::Tensor) -> Result<Self::Tensor> {
+        let call = FineCall::new("all_reduce").tensor(x);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Split the columns of every device's part into consecutive blocks of the given widths.
-    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
+    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>> {
+        let list = list_u32("split_cols", "width", widths.iter().copied())?;
+        let call = FineCall::new("split_cols")
+            .tensor(x)
+            .results(list.len())
+            .list(list);
+        self.fine_op(&call)
+    }
 
-    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor> {
+        let call = FineCall::new("add").tensor(a).tensor(b);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// RMSNorm over groups of `group` consecutive channels: `x / rms(x) * (1 + w)` when
     /// `one_plus`, else `* w`. `w` is a `[group, 1]` weight, the same on every device.
     fn rms_norm(
@@ -263,9 +308,20 @@ pub trait MeshOps: Sync {
         group: usize,
         eps: f32,
         one_plus: bool,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("rms_norm")
+            .tensor(x)
+            .weight(w)
+            .size(group)
+            .real(f64::from(eps))
+            .flag(one_plus);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// `silu(gate) * up` where each device part is `[gate | up]` in two equal halves.
-    fn swiglu(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;
+    fn swiglu(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor> {
+        let call = FineCall::new("swiglu").tensor(gate_up);
+        one(call.op, self.fine_op(&call)?)
+    }
 
     /// Split per-head `[query(d) | gate(d)]` columns into a query tensor and a gate tensor.
     fn split_query_gate(
@@ -273,14 +329,34 @@ pub trait MeshOps: Sync {
         qg: &Self::Tensor,
         heads: usize,
         head_dim: usize,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let call = FineCall::new("split_query_gate")
+            .tensor(qg)
+            .size(heads)
+            .size(head_dim)
+            .results(2);
+        two(call.op, self.fine_op(&call)?)
+    }
     /// Rotate the leading `rotary_dim` channels of every head; `positions[t]` is (t, h, w).
     fn rope(
         &self,
         x: &Self::Tensor,
         spec: &RopeSpec,
         positions: &[[u32; 3]],
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let [t, h, w] = spec.mrope_section;
+        let call = FineCall::new("rope")
+            .tensor(x)
+            .size(spec.heads)
+            .size(spec.head_dim)
+            .size(spec.rotary_dim)
+            .size(t)
+            .size(h)
+            .size(w)
+            .real(spec.theta)
+            .list(positions.as_flattened().to_vec());
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Append rows to a per-device cache of `heads` heads (KV pages, which a backend may hold
     /// paged per head); `None` starts a cache from `new`.
     fn append_rows(
@@ -288,7 +364,13 @@ pub trait MeshOps: Sync {
         cache: Option<&Self::Tensor>,
         new: &Self::Tensor,
         heads: usize,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("append_rows")
+            .optional(cache)
+            .tensor(new)
+            .size(heads);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Causal softmax attention of the queries (absolute positions `start..start+T`) over the
     /// cached keys and values (positions `0..start+T`), GQA, scale `head_dim^-0.5`, fp32.
     fn causal_attention(
@@ -297,9 +379,21 @@ pub trait MeshOps: Sync {
         keys: &Self::Tensor,
         values: &Self::Tensor,
         spec: &AttentionSpec,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("causal_attention")
+            .tensor(q)
+            .tensor(keys)
+            .tensor(values)
+            .size(spec.heads)
+            .size(spec.kv_heads)
+            .size(spec.head_dim);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// `x * sigmoid(gate)` elementwise.
-    fn mul_sigmoid(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
+    fn mul_sigmoid(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor> {
+        let call = FineCall::new("mul_sigmoid").tensor(x).tensor(gate);
+        one(call.op, self.fine_op(&call)?)
+    }
 
     /// Causal depthwise conv over time plus SiLU. `w` is `[channels, kernel]` per device;
     /// `carry` holds the last `kernel-1` inputs of the previous chunk (`None` = zeros). Returns
@@ -310,7 +404,15 @@ pub trait MeshOps: Sync {
         w: &Self::Weight,
         carry: Option<&Self::Tensor>,
         kernel: usize,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let call = FineCall::new("causal_conv1d_silu")
+            .tensor(x)
+            .weight(w)
+            .optional(carry)
+            .size(kernel)
+            .results(2);
+        two(call.op, self.fine_op(&call)?)
+    }
     /// DeltaNet gates: `beta = sigmoid(b)`, `g = -exp(A_log) * softplus(a + dt_bias)`, fp32.
     /// `a_log` and `dt_bias` are `[value_heads, 1]` weights per device.
     fn delta_gates(
@@ -319,7 +421,15 @@ pub trait MeshOps: Sync {
         b: &Self::Tensor,
         a_log: &Self::Weight,
         dt_bias: &Self::Weight,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let call = FineCall::new("delta_gates")
+            .tensor(a)
+            .tensor(b)
+            .weight(a_log)
+            .weight(dt_bias)
+            .results(2);
+        two(call.op, self.fine_op(&call)?)
+    }
     /// The chunked gated delta rule (q/k L2-normalised inside, q scaled by `key_dim^-0.5`,
     /// key heads shared by consecutive value heads). `qkv` is the conv output `[q | k | v]`;
     /// `state` is `[value_heads * key_dim, value_dim]` per device (`None` = zeros). Returns the
@@ -331,7 +441,19 @@ pub trait MeshOps: Sync {
         beta: &Self::Tensor,
         state: Option<&Self::Tensor>,
         spec: &DeltaNetSpec,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let call = FineCall::new("gated_delta_rule")
+            .tensor(qkv)
+            .tensor(g)
+            .tensor(beta)
+            .optional(state)
+            .size(spec.key_heads)
+            .size(spec.value_heads)
+            .size(spec.key_dim)
+            .size(spec.value_dim)
+            .results(2);
+        two(call.op, self.fine_op(&call)?)
+    }
     /// Gated RMSNorm per group: `w * x / rms(x) * silu(z)` (plain `w`).
     fn gated_rms_norm(
         &self,
@@ -340,7 +462,15 @@ pub trait MeshOps: Sync {
         w: &Self::Weight,
         group: usize,
         eps: f32,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("gated_rms_norm")
+            .tensor(x)
+            .tensor(z)
+            .weight(w)
+            .size(group)
+            .real(f64::from(eps));
+        one(call.op, self.fine_op(&call)?)
+    }
 
     /// LayerNorm over each row: `(x - mean) / sqrt(var + eps) * w + b`; `w` and `b` are
     /// `[cols, 1]` weights, the same on every device.
@@ -350,12 +480,25 @@ pub trait MeshOps: Sync {
         w: &Self::Weight,
         b: &Self::Weight,
         eps: f32,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("layer_norm")
+            .tensor(x)
+            .weight(w)
+            .weight(b)
+            .real(f64::from(eps));
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Add a bias row to every row. `b` is each device's `[cols, 1]` part: split like the
     /// columns of a sharded `x`, whole for a replicated one.
-    fn add_bias(&self, x: &Self::Tensor, b: &Self::Weight) -> Result<Self::Tensor>;
+    fn add_bias(&self, x: &Self::Tensor, b: &Self::Weight) -> Result<Self::Tensor> {
+        let call = FineCall::new("add_bias").tensor(x).weight(b);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// GELU elementwise.
-    fn gelu(&self, x: &Self::Tensor, kind: Gelu) -> Result<Self::Tensor>;
+    fn gelu(&self, x: &Self::Tensor, kind: Gelu) -> Result<Self::Tensor> {
+        let call = FineCall::new("gelu").tensor(x).code(kind.code());
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Rotate-half rotary embedding over whole heads with tables `cos`, `sin` (replicated,
     /// `[rows, head_dim]`, the same for every head): `x * cos + rotate_half(x) * sin`.
     fn rotary(
@@ -365,7 +508,15 @@ pub trait MeshOps: Sync {
         sin: &Self::Tensor,
         heads: usize,
         head_dim: usize,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let call = FineCall::new("rotary")
+            .tensor(x)
+            .tensor(cos)
+            .tensor(sin)
+            .size(heads)
+            .size(head_dim);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Bidirectional softmax attention (scale `head_dim^-0.5`, fp32) in which the rows of each
     /// segment attend only to the rows of the same segment (one image, or one pair of video
     /// frames). `q`, `k`, `v` are `[rows, heads*head_dim]` per device, the segments cover the
@@ -378,10 +529,23 @@ pub trait MeshOps: Sync {
         heads: usize,
         head_dim: usize,
         segments: &[std::ops::Range<usize>],
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let bounds = segments.iter().flat_map(|s| [s.start, s.end]);
+        let call = FineCall::new("segment_attention")
+            .tensor(q)
+            .tensor(k)
+            .tensor(v)
+            .size(heads)
+            .size(head_dim)
+            .list(list_u32("segment_attention", "segment bound", bounds)?);
+        one(call.op, self.fine_op(&call)?)
+    }
     /// Join every `group` consecutive rows into one row (`[rows, cols]` →
     /// `[rows/group, cols*group]`, a reshape).
-    fn fold_rows(&self, x: &Self::Tensor, group: usize) -> Result<Self::Tensor>;
+    fn fold_rows(&self, x: &Self::Tensor, group: usize) -> Result<Self::Tensor> {
+        let call = FineCall::new("fold_rows").tensor(x).size(group);
+        one(call.op, self.fine_op(&call)?)
+    }
 
     /// Whether the backend runs packed passes: several requests' rows in one tensor, with
     /// [`MeshOps::slice_rows`] and [`MeshOps::concat_rows`] parting and joining them around

@@ -2,12 +2,12 @@
 //! The op table declares the fine ops (`shim/core/op_table.cpp`; the shim lists it at run time
 //! through `clef_tt_op_table`). Each declared op must then be computed by the host backend (its
 //! kernel table in `shim/host/host_backend.cpp`) and by the op package (a method of the same
-//! name in `shim/ttnn/clef_tt_ttnn/`), be a `MeshOps` method (`device/src/ops.rs`) with the CPU
-//! mesh's maths (`device/src/cpu/`) and a `clef_tt_op` call in clef-device's tt mesh
-//! (`device/src/tt/ops.rs`), and be exercised by the op batteries (`device/tests/tt_mesh.rs`
+//! name in `shim/ttnn/clef_tt_ttnn/`), be a `MeshOps` method whose default body builds its call
+//! (`device/src/ops.rs`), have a kernel of the CPU mesh (its family's `kernel` in
+//! `device/src/cpu/ops/`), and be exercised by the op batteries (`device/tests/tt_mesh.rs`
 //! against the CPU mesh, `shim/ttnn/tests/test_ops_mock.py` on the mock P150x2). The other way
-//! round, clef-device calls no fine op the table lacks. Text checks beside the table the shim
-//! gives: a missing place fails here by name instead of at run time, or never.
+//! round, clef-device builds no call of an op the table lacks. Text checks beside the table the
+//! shim gives: a missing place fails here by name instead of at run time, or never.
 
 use std::ffi::c_char;
 use std::path::{Path, PathBuf};
@@ -68,19 +68,16 @@ fn op_names(json: &str) -> Vec<String> {
         .collect()
 }
 
-/// The op names clef-device's tt mesh passes to `clef_tt_op` (`op1("..."`, `op2("..."`,
-/// `fine_op("..."`, or a `let op = "..."` they are given).
-fn called_ops(tt_ops: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for prefix in ["op1(\"", "op2(\"", "fine_op(\"", "let op = \""] {
-        for (at, _) in tt_ops.match_indices(prefix) {
-            let rest = &tt_ops[at + prefix.len()..];
-            if let Some((name, _)) = rest.split_once('"') {
-                out.push(name.to_string());
-            }
-        }
-    }
-    out
+/// The op names clef-device builds calls of (`FineCall::new("...")`).
+fn called_ops(device_src: &str) -> Vec<String> {
+    let prefix = "FineCall::new(\"";
+    device_src
+        .match_indices(prefix)
+        .filter_map(|(at, _)| {
+            let rest = &device_src[at + prefix.len()..];
+            rest.split_once('"').map(|(name, _)| name.to_string())
+        })
+        .collect()
 }
 
 #[test]
@@ -110,14 +107,14 @@ fn every_declared_op_is_in_every_place_that_needs_it() {
             "fn {op}(",
         ),
         (
-            "device/src/cpu/ (the CPU mesh's maths)",
-            sources(&root.join("device/src/cpu"), "rs"),
-            "fn {op}(",
+            "device/src/ops.rs (the method's default body: its call)",
+            read(&root.join("device/src/ops.rs")),
+            "FineCall::new(\"{op}\")",
         ),
         (
-            "device/src/tt/ops.rs (clef-device's call)",
-            read(&root.join("device/src/tt/ops.rs")),
-            "\"{op}\"",
+            "device/src/cpu/ops/ (the CPU mesh's kernel, in its family's `kernel`)",
+            sources(&root.join("device/src/cpu/ops"), "rs"),
+            "\"{op}\" =>",
         ),
         (
             "device/tests/tt_mesh.rs (the battery against the CPU mesh)",
@@ -144,11 +141,12 @@ fn every_declared_op_is_in_every_place_that_needs_it() {
          \"Adding an op\"):\n{}",
         missing.join("\n")
     );
-    let called = called_ops(&read(&root.join("device/src/tt/ops.rs")));
+    let called = called_ops(&sources(&root.join("device/src"), "rs"));
+    assert!(called.len() >= ops.len(), "too few calls found: {called:?}");
     let unknown: Vec<&String> = called.iter().filter(|op| !ops.contains(op)).collect();
     assert!(
         unknown.is_empty(),
-        "device/src/tt/ops.rs calls ops the op table does not declare: {unknown:?}"
+        "device/src builds calls of ops the op table does not declare: {unknown:?}"
     );
 }
 

@@ -2,9 +2,10 @@
 //! collectives are real reductions between the shards. This is the numerical reference of
 //! clef-tt and the backend of tests, CI and small deployments.
 //!
-//! Layout: this module holds the tensor and weight types and forwards every `MeshOps` method
-//! to its op family in `ops/` (storage, dense, norms, pointwise, positions, attention,
-//! deltanet). The kernels those call sit beside, one module per family, each with its ISA
+//! Layout: this module holds the tensor and weight types and implements `MeshOps`: the fine
+//! ops through `fine_op`, which runs the kernel of the op's family in `ops/` (dense, norms,
+//! pointwise, positions, attention, deltanet), the rest forwarded to `ops/` (storage, row
+//! slicing). The kernels those call sit beside, one module per family, each with its ISA
 //! paths, chosen once per process by [`isa`]: `matmul/` (packed panels: `avx512.rs`,
 //! `avx2.rs`, portable `gemm`; the small dense products of attention and the delta rule too),
 //! `exp.rs` (one loop built for AVX-512, AVX2 and portable code), `attention.rs` and
@@ -23,12 +24,13 @@ mod peak;
 mod profile;
 pub use peak::fma_peak_gflops;
 
+use crate::fine_call::FineCall;
 use crate::{
-    AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, Gelu, HostTensor, HostWeight, MeshOps,
-    MeshShape, Result, RopeSpec, WeightBytes, WeightFormat, WeightKind,
+    DeviceError, GatherAxis, HostTensor, HostWeight, MeshOps, MeshShape, Result, WeightBytes,
+    WeightFormat, WeightKind,
 };
 use matmul::PackedWeight;
-use ops::{attention as attention_ops, deltanet, dense, norms, pointwise, positions, storage};
+use ops::{dense, storage};
 use rayon::prelude::*;
 
 /// Where a tensor's shards stand relative to each other.
@@ -259,16 +261,9 @@ impl MeshOps for CpuMesh {
         storage::weight_bytes(self, w)
     }
 
-    fn linear(&self, x: &CpuTensor, w: &CpuWeight) -> Result<CpuTensor> {
-        dense::linear(self, x, w)
-    }
-
-    fn all_reduce(&self, x: &CpuTensor) -> Result<CpuTensor> {
-        dense::all_reduce(self, x)
-    }
-
-    fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Result<Vec<CpuTensor>> {
-        dense::split_cols(self, x, widths)
+    /// Every fine op: its family's kernel for the call (ops/mod.rs).
+    fn fine_op(&self, call: &FineCall<'_, CpuTensor, CpuWeight>) -> Result<Vec<CpuTensor>> {
+        ops::run(self, call)
     }
 
     fn packs_rows(&self) -> bool {
@@ -281,147 +276,5 @@ impl MeshOps for CpuMesh {
 
     fn concat_rows(&self, parts: &[CpuTensor]) -> Result<CpuTensor> {
         dense::concat_rows(self, parts)
-    }
-
-    fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
-        pointwise::add(self, a, b)
-    }
-
-    fn rms_norm(
-        &self,
-        x: &CpuTensor,
-        w: &CpuWeight,
-        group: usize,
-        eps: f32,
-        one_plus: bool,
-    ) -> Result<CpuTensor> {
-        norms::rms_norm(self, x, w, group, eps, one_plus)
-    }
-
-    fn swiglu(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
-        pointwise::swiglu(self, gate_up)
-    }
-
-    fn split_query_gate(
-        &self,
-        qg: &CpuTensor,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<(CpuTensor, CpuTensor)> {
-        positions::split_query_gate(self, qg, heads, head_dim)
-    }
-
-    fn rope(&self, x: &CpuTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<CpuTensor> {
-        positions::rope(self, x, spec, positions)
-    }
-
-    fn append_rows(
-        &self,
-        cache: Option<&CpuTensor>,
-        new: &CpuTensor,
-        _heads: usize,
-    ) -> Result<CpuTensor> {
-        attention_ops::append_rows(self, cache, new, _heads)
-    }
-
-    fn causal_attention(
-        &self,
-        q: &CpuTensor,
-        keys: &CpuTensor,
-        values: &CpuTensor,
-        spec: &AttentionSpec,
-    ) -> Result<CpuTensor> {
-        attention_ops::causal_attention(self, q, keys, values, spec)
-    }
-
-    fn mul_sigmoid(&self, x: &CpuTensor, gate: &CpuTensor) -> Result<CpuTensor> {
-        pointwise::mul_sigmoid(self, x, gate)
-    }
-
-    fn causal_conv1d_silu(
-        &self,
-        x: &CpuTensor,
-        w: &CpuWeight,
-        carry: Option<&CpuTensor>,
-        kernel: usize,
-    ) -> Result<(CpuTensor, CpuTensor)> {
-        deltanet::causal_conv1d_silu(self, x, w, carry, kernel)
-    }
-
-    fn delta_gates(
-        &self,
-        a: &CpuTensor,
-        b: &CpuTensor,
-        a_log: &CpuWeight,
-        dt_bias: &CpuWeight,
-    ) -> Result<(CpuTensor, CpuTensor)> {
-        deltanet::delta_gates(self, a, b, a_log, dt_bias)
-    }
-
-    fn gated_delta_rule(
-        &self,
-        qkv: &CpuTensor,
-        g: &CpuTensor,
-        beta: &CpuTensor,
-        state: Option<&CpuTensor>,
-        spec: &DeltaNetSpec,
-    ) -> Result<(CpuTensor, CpuTensor)> {
-        deltanet::gated_delta_rule(self, qkv, g, beta, state, spec)
-    }
-
-    fn gated_rms_norm(
-        &self,
-        x: &CpuTensor,
-        z: &CpuTensor,
-        w: &CpuWeight,
-        group: usize,
-        eps: f32,
-    ) -> Result<CpuTensor> {
-        norms::gated_rms_norm(self, x, z, w, group, eps)
-    }
-
-    fn layer_norm(
-        &self,
-        x: &CpuTensor,
-        w: &CpuWeight,
-        b: &CpuWeight,
-        eps: f32,
-    ) -> Result<CpuTensor> {
-        norms::layer_norm(self, x, w, b, eps)
-    }
-
-    fn add_bias(&self, x: &CpuTensor, b: &CpuWeight) -> Result<CpuTensor> {
-        pointwise::add_bias(self, x, b)
-    }
-
-    fn gelu(&self, x: &CpuTensor, kind: Gelu) -> Result<CpuTensor> {
-        pointwise::gelu(self, x, kind)
-    }
-
-    fn rotary(
-        &self,
-        x: &CpuTensor,
-        cos: &CpuTensor,
-        sin: &CpuTensor,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<CpuTensor> {
-        positions::rotary(self, x, cos, sin, heads, head_dim)
-    }
-
-    fn segment_attention(
-        &self,
-        q: &CpuTensor,
-        k: &CpuTensor,
-        v: &CpuTensor,
-        heads: usize,
-        head_dim: usize,
-        segments: &[std::ops::Range<usize>],
-    ) -> Result<CpuTensor> {
-        attention_ops::segment_attention(self, q, k, v, heads, head_dim, segments)
-    }
-
-    fn fold_rows(&self, x: &CpuTensor, group: usize) -> Result<CpuTensor> {
-        dense::fold_rows(self, x, group)
     }
 }

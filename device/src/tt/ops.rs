@@ -1,19 +1,20 @@
-//! Every [`MeshOps`] op of [`TtMesh`] as its C ABI call: a fine op through the generic
-//! `clef_tt_op` (its tensors and parameters in the order the shim's op table declares them,
-//! ffi/shim/core/op_table.cpp), a layer op through `clef_tt_layer_op` (layers.rs). The shim
-//! checks the arguments and computes placements (the same rules as the CPU mesh), so these are
-//! thin: convert the parameters, call, own the results.
+//! Every [`MeshOps`] op of [`TtMesh`] as its C ABI call: a fine op's call (built by the
+//! trait's default body, ops.rs) through the generic `clef_tt_op` as it is, a layer op through
+//! `clef_tt_layer_op` (layers.rs). The shim checks the arguments against its op table
+//! (ffi/shim/core/op_table.cpp) and computes placements (the same rules as the CPU mesh), so
+//! these are thin: call, own the results.
 //!
 //! SAFETY (all blocks below): every tensor pointer comes from a live handle of this mesh that
 //! outlives the call, every parameter struct or slice outlives the call, and the output
 //! pointers are the call helpers' locals.
 
-use super::layers::{optional_input, stream_and_pairs, three, Input};
+use super::layers::{stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
+use crate::fine_call::{one, FineCall, Operand};
 use crate::{
-    AttentionLayer, AttentionSpec, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, Gelu,
-    HostTensor, HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats,
-    PrefillPass, Result, RopeSpec, RowBatch, WeightBytes, WeightFormat, WeightKind,
+    AttentionLayer, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, HostTensor, HostWeight,
+    MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats, PrefillPass, Result, RowBatch,
+    WeightBytes, WeightFormat, WeightKind,
 };
 use clef_tt_abi as sys;
 use serde_json::{json, Value};
@@ -39,24 +40,11 @@ pub(super) fn matmul_numerics(n: &Numerics) -> [u32; 4] {
     ]
 }
 
-/// A result the shim did not give (it gives every result or fails).
-fn missing_result(op: &'static str) -> crate::DeviceError {
-    crate::DeviceError::Shape {
-        op,
-        detail: "the shim gave fewer results than asked".into(),
-    }
-}
-
-/// A flag parameter as the ABI takes it.
-fn flag(b: bool) -> f64 {
-    f64::from(u8::from(b))
-}
-
 impl TtMesh {
     /// One call of `clef_tt_op`: `op`'s tensors and parameters in the order its declaration in
     /// the shim's op table gives them (ffi/shim/core/op_table.cpp), its list of numbers, and
     /// `results` results.
-    fn fine_op(
+    fn call_op(
         &self,
         op: &'static str,
         inputs: &[Input<'_>],
@@ -96,27 +84,6 @@ impl TtMesh {
             )
         })?;
         outs.into_iter().map(|r| self.adopt(r)).collect()
-    }
-
-    /// A fine op of one result.
-    fn op1(&self, op: &'static str, inputs: &[Input<'_>], params: &[f64]) -> Result<TtTensor> {
-        self.fine_op(op, inputs, params, &[], 1)?
-            .pop()
-            .ok_or_else(|| missing_result(op))
-    }
-
-    /// A fine op of two results.
-    fn op2(
-        &self,
-        op: &'static str,
-        inputs: &[Input<'_>],
-        params: &[f64],
-    ) -> Result<(TtTensor, TtTensor)> {
-        let mut out = self.fine_op(op, inputs, params, &[], 2)?;
-        match (out.pop(), out.pop()) {
-            (Some(second), Some(first)) => Ok((first, second)),
-            _ => Err(missing_result(op)),
-        }
     }
 }
 
@@ -207,241 +174,35 @@ impl MeshOps for TtMesh {
         w.handle.info().map_or(0, |i| i.device_bytes as usize)
     }
 
-    // The fine ops: one clef_tt_op call each, the arguments in the order the shim's op table
-    // declares them (ffi/shim/core/op_table.cpp).
+    // The fine ops: each is its call (the default bodies of MeshOps, ops.rs), passed to
+    // clef_tt_op as it is; linear adds this mesh's matmul numerics, and all_reduce leaves a
+    // replicated tensor as it is.
+    fn fine_op(&self, call: &FineCall<'_, TtTensor, TtWeight>) -> Result<Vec<TtTensor>> {
+        let inputs: Vec<Input<'_>> = call
+            .operands
+            .iter()
+            .map(|o| match o {
+                Operand::Tensor(t) => Input::Tensor(t),
+                Operand::Weight(w) => Input::Weight(w),
+                Operand::Absent => Input::Absent,
+            })
+            .collect();
+        self.call_op(call.op, &inputs, &call.params, &call.list, call.results)
+    }
+
     fn linear(&self, x: &TtTensor, w: &TtWeight) -> Result<TtTensor> {
-        let numerics = matmul_numerics(&self.numerics).map(f64::from);
-        self.op1("linear", &[Input::Tensor(x), Input::Weight(w)], &numerics)
+        let call = matmul_numerics(&self.numerics)
+            .into_iter()
+            .fold(FineCall::new("linear").tensor(x).weight(w), FineCall::code);
+        one(call.op, self.fine_op(&call)?)
     }
 
     fn all_reduce(&self, x: &TtTensor) -> Result<TtTensor> {
         if Self::placement_of(x)? == sys::CLEF_TT_REPLICATED {
             return Ok(x.clone());
         }
-        self.op1("all_reduce", &[Input::Tensor(x)], &[])
-    }
-
-    fn split_cols(&self, x: &TtTensor, widths: &[usize]) -> Result<Vec<TtTensor>> {
-        let w: Vec<u32> = widths
-            .iter()
-            .map(|&v| dim("split_cols", "width", v))
-            .collect::<Result<_>>()?;
-        self.fine_op("split_cols", &[Input::Tensor(x)], &[], &w, w.len())
-    }
-
-    fn add(&self, a: &TtTensor, b: &TtTensor) -> Result<TtTensor> {
-        self.op1("add", &[Input::Tensor(a), Input::Tensor(b)], &[])
-    }
-
-    fn rms_norm(
-        &self,
-        x: &TtTensor,
-        w: &TtWeight,
-        group: usize,
-        eps: f32,
-        one_plus: bool,
-    ) -> Result<TtTensor> {
-        let group = dim("rms_norm", "group", group)?;
-        let params = [f64::from(group), f64::from(eps), flag(one_plus)];
-        self.op1("rms_norm", &[Input::Tensor(x), Input::Weight(w)], &params)
-    }
-
-    fn swiglu(&self, gate_up: &TtTensor) -> Result<TtTensor> {
-        self.op1("swiglu", &[Input::Tensor(gate_up)], &[])
-    }
-
-    fn split_query_gate(
-        &self,
-        qg: &TtTensor,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<(TtTensor, TtTensor)> {
-        let (h, d) = (
-            dim("split_query_gate", "heads", heads)?,
-            dim("split_query_gate", "head dim", head_dim)?,
-        );
-        let params = [f64::from(h), f64::from(d)];
-        self.op2("split_query_gate", &[Input::Tensor(qg)], &params)
-    }
-
-    fn rope(&self, x: &TtTensor, spec: &RopeSpec, positions: &[[u32; 3]]) -> Result<TtTensor> {
-        let c = super::layers::rope_spec("rope", spec)?;
-        let [t, h, w] = c.mrope_section.map(f64::from);
-        let params = [
-            f64::from(c.heads),
-            f64::from(c.head_dim),
-            f64::from(c.rotary_dim),
-            t,
-            h,
-            w,
-            c.theta,
-        ];
-        let flat = positions.as_flattened();
-        let mut out = self.fine_op("rope", &[Input::Tensor(x)], &params, flat, 1)?;
-        out.pop().ok_or_else(|| missing_result("rope"))
-    }
-
-    fn append_rows(
-        &self,
-        cache: Option<&TtTensor>,
-        new: &TtTensor,
-        heads: usize,
-    ) -> Result<TtTensor> {
-        let heads = dim("append_rows", "heads", heads)?;
-        let inputs = [optional_input(cache), Input::Tensor(new)];
-        self.op1("append_rows", &inputs, &[f64::from(heads)])
-    }
-
-    fn causal_attention(
-        &self,
-        q: &TtTensor,
-        keys: &TtTensor,
-        values: &TtTensor,
-        spec: &AttentionSpec,
-    ) -> Result<TtTensor> {
-        let op = "causal_attention";
-        let params = [
-            f64::from(dim(op, "heads", spec.heads)?),
-            f64::from(dim(op, "kv heads", spec.kv_heads)?),
-            f64::from(dim(op, "head dim", spec.head_dim)?),
-        ];
-        let inputs = [Input::Tensor(q), Input::Tensor(keys), Input::Tensor(values)];
-        self.op1(op, &inputs, &params)
-    }
-
-    fn mul_sigmoid(&self, x: &TtTensor, gate: &TtTensor) -> Result<TtTensor> {
-        self.op1("mul_sigmoid", &[Input::Tensor(x), Input::Tensor(gate)], &[])
-    }
-
-    fn causal_conv1d_silu(
-        &self,
-        x: &TtTensor,
-        w: &TtWeight,
-        carry: Option<&TtTensor>,
-        kernel: usize,
-    ) -> Result<(TtTensor, TtTensor)> {
-        let kernel = dim("causal_conv1d_silu", "kernel", kernel)?;
-        let inputs = [Input::Tensor(x), Input::Weight(w), optional_input(carry)];
-        self.op2("causal_conv1d_silu", &inputs, &[f64::from(kernel)])
-    }
-
-    fn delta_gates(
-        &self,
-        a: &TtTensor,
-        b: &TtTensor,
-        a_log: &TtWeight,
-        dt_bias: &TtWeight,
-    ) -> Result<(TtTensor, TtTensor)> {
-        let inputs = [
-            Input::Tensor(a),
-            Input::Tensor(b),
-            Input::Weight(a_log),
-            Input::Weight(dt_bias),
-        ];
-        self.op2("delta_gates", &inputs, &[])
-    }
-
-    fn gated_delta_rule(
-        &self,
-        qkv: &TtTensor,
-        g: &TtTensor,
-        beta: &TtTensor,
-        state: Option<&TtTensor>,
-        spec: &DeltaNetSpec,
-    ) -> Result<(TtTensor, TtTensor)> {
-        let op = "gated_delta_rule";
-        let params = [
-            f64::from(dim(op, "key heads", spec.key_heads)?),
-            f64::from(dim(op, "value heads", spec.value_heads)?),
-            f64::from(dim(op, "key dim", spec.key_dim)?),
-            f64::from(dim(op, "value dim", spec.value_dim)?),
-        ];
-        let inputs = [
-            Input::Tensor(qkv),
-            Input::Tensor(g),
-            Input::Tensor(beta),
-            optional_input(state),
-        ];
-        self.op2(op, &inputs, &params)
-    }
-
-    fn gated_rms_norm(
-        &self,
-        x: &TtTensor,
-        z: &TtTensor,
-        w: &TtWeight,
-        group: usize,
-        eps: f32,
-    ) -> Result<TtTensor> {
-        let group = dim("gated_rms_norm", "group", group)?;
-        let inputs = [Input::Tensor(x), Input::Tensor(z), Input::Weight(w)];
-        self.op1(
-            "gated_rms_norm",
-            &inputs,
-            &[f64::from(group), f64::from(eps)],
-        )
-    }
-
-    fn layer_norm(&self, x: &TtTensor, w: &TtWeight, b: &TtWeight, eps: f32) -> Result<TtTensor> {
-        let inputs = [Input::Tensor(x), Input::Weight(w), Input::Weight(b)];
-        self.op1("layer_norm", &inputs, &[f64::from(eps)])
-    }
-
-    fn add_bias(&self, x: &TtTensor, b: &TtWeight) -> Result<TtTensor> {
-        self.op1("add_bias", &[Input::Tensor(x), Input::Weight(b)], &[])
-    }
-
-    fn gelu(&self, x: &TtTensor, kind: Gelu) -> Result<TtTensor> {
-        let kind = match kind {
-            Gelu::Tanh => sys::CLEF_TT_GELU_TANH,
-            Gelu::Erf => sys::CLEF_TT_GELU_ERF,
-        };
-        self.op1("gelu", &[Input::Tensor(x)], &[f64::from(kind)])
-    }
-
-    fn rotary(
-        &self,
-        x: &TtTensor,
-        cos: &TtTensor,
-        sin: &TtTensor,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<TtTensor> {
-        let params = [
-            f64::from(dim("rotary", "heads", heads)?),
-            f64::from(dim("rotary", "head dim", head_dim)?),
-        ];
-        let inputs = [Input::Tensor(x), Input::Tensor(cos), Input::Tensor(sin)];
-        self.op1("rotary", &inputs, &params)
-    }
-
-    fn segment_attention(
-        &self,
-        q: &TtTensor,
-        k: &TtTensor,
-        v: &TtTensor,
-        heads: usize,
-        head_dim: usize,
-        segments: &[std::ops::Range<usize>],
-    ) -> Result<TtTensor> {
-        let op = "segment_attention";
-        let params = [
-            f64::from(dim(op, "heads", heads)?),
-            f64::from(dim(op, "head dim", head_dim)?),
-        ];
-        let bounds: Vec<u32> = segments
-            .iter()
-            .flat_map(|s| [s.start, s.end])
-            .map(|v| dim(op, "segment bound", v))
-            .collect::<Result<_>>()?;
-        let inputs = [Input::Tensor(q), Input::Tensor(k), Input::Tensor(v)];
-        let mut out = self.fine_op(op, &inputs, &params, &bounds, 1)?;
-        out.pop().ok_or_else(|| missing_result(op))
-    }
-
-    fn fold_rows(&self, x: &TtTensor, group: usize) -> Result<TtTensor> {
-        let group = dim("fold_rows", "group", group)?;
-        self.op1("fold_rows", &[Input::Tensor(x)], &[f64::from(group)])
+        let call = FineCall::new("all_reduce").tensor(x);
+        one(call.op, self.fine_op(&call)?)
     }
 
     // The layer ops: one clef_tt_layer_op call each (layers.rs); None where the shim does

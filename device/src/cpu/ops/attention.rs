@@ -1,9 +1,54 @@
 //! Attention ops of the CPU mesh: the KV append, causal attention over the cache and the
 //! vision tower's segment attention (the block kernels of `cpu::attention`).
 
+use super::Kernel;
 use crate::cpu::attention;
 use crate::cpu::{shape, CpuMesh, CpuTensor};
 use crate::{AttentionSpec, HostTensor, Kept, Result};
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "append_rows" => |m, c| {
+            Ok(vec![append_rows(
+                m,
+                c.optional_at(0)?,
+                c.tensor_at(1)?,
+                c.size_at(0)?,
+            )?])
+        },
+        "causal_attention" => |m, c| {
+            let spec = AttentionSpec {
+                heads: c.size_at(0)?,
+                kv_heads: c.size_at(1)?,
+                head_dim: c.size_at(2)?,
+            };
+            let (q, k, v) = (c.tensor_at(0)?, c.tensor_at(1)?, c.tensor_at(2)?);
+            Ok(vec![causal_attention(m, q, k, v, &spec)?])
+        },
+        "segment_attention" => |m, c| {
+            if c.list.len() % 2 != 0 {
+                return Err(shape(
+                    "segment_attention",
+                    "segment bounds are not pairs".into(),
+                ));
+            }
+            let segments: Vec<std::ops::Range<usize>> = c
+                .list
+                .chunks_exact(2)
+                .map(|s| s[0] as usize..s[1] as usize)
+                .collect();
+            let (q, k, v) = (c.tensor_at(0)?, c.tensor_at(1)?, c.tensor_at(2)?);
+            let (heads, head_dim) = (c.size_at(0)?, c.size_at(1)?);
+            Ok(vec![segment_attention(
+                m, q, k, v, heads, head_dim, &segments,
+            )?])
+        },
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn append_rows(
     mesh: &CpuMesh,

@@ -1,11 +1,44 @@
 //! DeltaNet ops of the CPU mesh: the causal conv1d + SiLU with carry, the delta gates and
 //! the chunked gated delta rule per device (the kernels of `cpu::delta_rule`).
 
+use super::Kernel;
 use crate::cpu::activations::{sigmoid_in_place, silu_in_place, softplus};
 use crate::cpu::delta_rule;
 use crate::cpu::{shape, CpuMesh, CpuTensor, CpuWeight, Placement};
 use crate::{DeltaNetSpec, HostTensor, Result};
 use rayon::prelude::*;
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "causal_conv1d_silu" => |m, c| {
+            let (x, w, carry) = (c.tensor_at(0)?, c.weight_at(1)?, c.optional_at(2)?);
+            let (out, carry) = causal_conv1d_silu(m, x, w, carry, c.size_at(0)?)?;
+            Ok(vec![out, carry])
+        },
+        "delta_gates" => |m, c| {
+            let (a, b) = (c.tensor_at(0)?, c.tensor_at(1)?);
+            let (g, beta) = delta_gates(m, a, b, c.weight_at(2)?, c.weight_at(3)?)?;
+            Ok(vec![g, beta])
+        },
+        "gated_delta_rule" => |m, c| {
+            // The rule does not read the conv kernel's width: the call does not carry it.
+            let spec = DeltaNetSpec {
+                key_heads: c.size_at(0)?,
+                value_heads: c.size_at(1)?,
+                key_dim: c.size_at(2)?,
+                value_dim: c.size_at(3)?,
+                conv_kernel: 0,
+            };
+            let (qkv, g, beta) = (c.tensor_at(0)?, c.tensor_at(1)?, c.tensor_at(2)?);
+            let (out, state) = gated_delta_rule(m, qkv, g, beta, c.optional_at(3)?, &spec)?;
+            Ok(vec![out, state])
+        },
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn causal_conv1d_silu(
     mesh: &CpuMesh,

@@ -2,9 +2,26 @@
 //! the all-reduce between shards, and the reshapes (split and fold columns; slice and concat
 //! rows, around the time-mixing ops of a packed pass).
 
+use super::Kernel;
 use crate::cpu::matmul;
 use crate::cpu::{layout, shape, CpuMesh, CpuTensor, CpuWeight, CpuWeightPart, Placement};
 use crate::{HostTensor, MeshOps, Result};
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "linear" => |m, c| Ok(vec![linear(m, c.tensor_at(0)?, c.weight_at(1)?)?]),
+        "all_reduce" => |m, c| Ok(vec![all_reduce(m, c.tensor_at(0)?)?]),
+        "split_cols" => |m, c| {
+            let widths: Vec<usize> = c.list.iter().map(|&w| w as usize).collect();
+            split_cols(m, c.tensor_at(0)?, &widths)
+        },
+        "fold_rows" => |m, c| Ok(vec![fold_rows(m, c.tensor_at(0)?, c.size_at(0)?)?]),
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn linear(mesh: &CpuMesh, x: &CpuTensor, w: &CpuWeight) -> Result<CpuTensor> {
     let _t = mesh.timer("linear");

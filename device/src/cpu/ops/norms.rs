@@ -1,10 +1,40 @@
 //! Normalisations of the CPU mesh: RMSNorm (1 + w), the gated RMSNorm of DeltaNet
 //! (vectorised SiLU gate) and LayerNorm with bias.
 
+use super::Kernel;
 use crate::cpu::activations::silu_in_place;
 use crate::cpu::{shape, CpuMesh, CpuTensor, CpuWeight, ROW_BLOCK};
 use crate::Result;
 use rayon::prelude::*;
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "rms_norm" => |m, c| {
+            let (group, eps, one_plus) = (c.size_at(0)?, c.real_at(1)? as f32, c.flag_at(2)?);
+            Ok(vec![rms_norm(
+                m,
+                c.tensor_at(0)?,
+                c.weight_at(1)?,
+                group,
+                eps,
+                one_plus,
+            )?])
+        },
+        "gated_rms_norm" => |m, c| {
+            let (x, z, w) = (c.tensor_at(0)?, c.tensor_at(1)?, c.weight_at(2)?);
+            let (group, eps) = (c.size_at(0)?, c.real_at(1)? as f32);
+            Ok(vec![gated_rms_norm(m, x, z, w, group, eps)?])
+        },
+        "layer_norm" => |m, c| {
+            let (x, w, b) = (c.tensor_at(0)?, c.weight_at(1)?, c.weight_at(2)?);
+            Ok(vec![layer_norm(m, x, w, b, c.real_at(0)? as f32)?])
+        },
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn rms_norm(
     mesh: &CpuMesh,

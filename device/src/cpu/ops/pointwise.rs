@@ -1,10 +1,30 @@
 //! Pointwise ops of the CPU mesh: add, bias, SwiGLU, sigmoid gating and GELU (the
 //! activations of `cpu::activations`, on the vectorised `exp`).
 
+use super::Kernel;
 use crate::cpu::activations::{gelu_erf, gelu_tanh_in_place, sigmoid_in_place, silu_in_place};
 use crate::cpu::{shape, CpuMesh, CpuTensor, CpuWeight, ROW_BLOCK};
 use crate::{Gelu, HostTensor, Result};
 use rayon::prelude::*;
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "add" => |m, c| Ok(vec![add(m, c.tensor_at(0)?, c.tensor_at(1)?)?]),
+        "swiglu" => |m, c| Ok(vec![swiglu(m, c.tensor_at(0)?)?]),
+        "mul_sigmoid" => |m, c| Ok(vec![mul_sigmoid(m, c.tensor_at(0)?, c.tensor_at(1)?)?]),
+        "add_bias" => |m, c| Ok(vec![add_bias(m, c.tensor_at(0)?, c.weight_at(1)?)?]),
+        "gelu" => |m, c| {
+            let code = u32::try_from(c.size_at(0)?).unwrap_or(u32::MAX);
+            let kind = Gelu::from_code(code)
+                .ok_or_else(|| shape("gelu", format!("no GELU kind of code {code}")))?;
+            Ok(vec![gelu(m, c.tensor_at(0)?, kind)?])
+        },
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn add(mesh: &CpuMesh, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
     let _t = mesh.timer("add");

@@ -1,9 +1,42 @@
 //! Position ops of the CPU mesh: the query/gate split of gated attention, partial M-RoPE
 //! and the vision tower's rotary embedding.
 
+use super::Kernel;
 use crate::cpu::{layout, shape, CpuMesh, CpuTensor, Placement};
 use crate::{HostTensor, Result, RopeSpec};
 use rayon::prelude::*;
+
+/// This family's fine ops by name, each reading its call (the encoding of `MeshOps`' default
+/// body) and running the maths below; `cpu/ops/mod.rs` looks an op up here.
+pub(in crate::cpu) fn kernel(op: &str) -> Option<Kernel> {
+    let kernel: Kernel = match op {
+        "split_query_gate" => |m, c| {
+            let (q, g) = split_query_gate(m, c.tensor_at(0)?, c.size_at(0)?, c.size_at(1)?)?;
+            Ok(vec![q, g])
+        },
+        "rope" => |m, c| {
+            let spec = RopeSpec {
+                heads: c.size_at(0)?,
+                head_dim: c.size_at(1)?,
+                rotary_dim: c.size_at(2)?,
+                mrope_section: [c.size_at(3)?, c.size_at(4)?, c.size_at(5)?],
+                theta: c.real_at(6)?,
+            };
+            if c.list.len() % 3 != 0 {
+                return Err(shape("rope", "positions are not (t, h, w) triples".into()));
+            }
+            let positions: Vec<[u32; 3]> =
+                c.list.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+            Ok(vec![rope(m, c.tensor_at(0)?, &spec, &positions)?])
+        },
+        "rotary" => |m, c| {
+            let (x, cos, sin) = (c.tensor_at(0)?, c.tensor_at(1)?, c.tensor_at(2)?);
+            Ok(vec![rotary(m, x, cos, sin, c.size_at(0)?, c.size_at(1)?)?])
+        },
+        _ => return None,
+    };
+    Some(kernel)
+}
 
 pub(in crate::cpu) fn split_query_gate(
     mesh: &CpuMesh,
