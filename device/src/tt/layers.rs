@@ -12,18 +12,16 @@
 
 use super::ops::matmul_numerics;
 use super::{dim, TtMesh, TtTensor, TtWeight};
+use crate::fine_call::Operand;
 use crate::{AttentionLayer, BatchedLayer, DeltaNetLayer, DeviceError, Result, RopeSpec, RowBatch};
 use clef_tt_abi as sys;
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::ptr::null_mut;
 
-/// One input of a layer op: a tensor, a weight or an absent optional tensor.
-pub(super) enum Input<'a> {
-    Tensor(&'a TtTensor),
-    Weight(&'a TtWeight),
-    Absent,
-}
+/// One input of an op on this mesh: a tensor, a weight or an absent optional tensor (a fine
+/// op's call holds the same, fine_call.rs).
+pub(super) type Input<'a> = Operand<'a, TtTensor, TtWeight>;
 
 impl Input<'_> {
     pub(super) fn raw(&self) -> *const sys::clef_tt_tensor {

@@ -10,7 +10,7 @@
 
 use super::layers::{stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
-use crate::fine_call::{one, FineCall, Operand};
+use crate::fine_call::{one, FineCall};
 use crate::{
     AttentionLayer, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, HostTensor, HostWeight,
     MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats, PrefillPass, Result, RowBatch,
@@ -178,16 +178,13 @@ impl MeshOps for TtMesh {
     // clef_tt_op as it is; linear adds this mesh's matmul numerics, and all_reduce leaves a
     // replicated tensor as it is.
     fn fine_op(&self, call: &FineCall<'_, TtTensor, TtWeight>) -> Result<Vec<TtTensor>> {
-        let inputs: Vec<Input<'_>> = call
-            .operands
-            .iter()
-            .map(|o| match o {
-                Operand::Tensor(t) => Input::Tensor(t),
-                Operand::Weight(w) => Input::Weight(w),
-                Operand::Absent => Input::Absent,
-            })
-            .collect();
-        self.call_op(call.op, &inputs, &call.params, &call.list, call.results)
+        self.call_op(
+            call.op,
+            &call.operands,
+            &call.params,
+            &call.list,
+            call.results,
+        )
     }
 
     fn linear(&self, x: &TtTensor, w: &TtWeight) -> Result<TtTensor> {
