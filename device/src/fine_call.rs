@@ -2,11 +2,11 @@
 //! operands in the declared order, its numeric parameters in the declared order, its one list
 //! of numbers, and how many results it gives.
 //!
-//! The fine ops of [`MeshOps`](crate::MeshOps) build one in their default bodies (ops.rs) and
-//! hand it to [`MeshOps::fine_op`](crate::MeshOps::fine_op): the tt mesh passes it to the shim's
-//! generic `clef_tt_op` as it is, and the CPU mesh runs the maths it holds for an op of that
-//! name (cpu/ops/, each family's `kernel`). So an op's encoding is written once in Rust, beside
-//! its signature, and every CPU test runs the encoding the shims get.
+//! The fine ops of [`MeshOps`](crate::MeshOps) build one in their default bodies (generated
+//! from the op table: fine_ops.rs) and hand it to [`MeshOps::fine_op`](crate::MeshOps::fine_op):
+//! the tt mesh passes it to the shim's generic `clef_tt_op` as it is, and the CPU mesh runs the
+//! maths it holds for an op of that name (cpu/ops/, each family's `kernel`). So an op's encoding
+//! follows from its one declaration, and every CPU test runs the encoding the shims get.
 
 use crate::{DeviceError, Result};
 

@@ -12,6 +12,7 @@
 pub mod cpu;
 mod error;
 pub mod fine_call;
+mod fine_ops;
 pub mod formats;
 mod host;
 mod mesh;

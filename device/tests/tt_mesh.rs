@@ -148,15 +148,10 @@ fn battery<B: MeshOps>(m: &B, format: WeightFormat) -> Vec<(String, HostTensor)>
         .unwrap();
     let (q, gate) = m.split_query_gate(&qg, heads, d).unwrap();
     keep("gate", &gate);
-    let rope = |h| RopeSpec {
-        heads: h,
-        head_dim: d,
-        rotary_dim: 12,
-        theta: 1e7,
-        mrope_section: [2, 2, 2],
-    };
-    let positions: Vec<[u32; 3]> = (0..t as u32).map(|p| [p + 5, p / 3, p % 7]).collect();
-    let q = m.rope(&q, &rope(heads), &positions).unwrap();
+    // Rotary dim 12, sections of 2 pairs per axis, theta 1e7; (t, h, w) per row.
+    let positions: Vec<u32> = (0..t as u32).flat_map(|p| [p + 5, p / 3, p % 7]).collect();
+    let rope = |x, h| m.rope(x, h, d, 12, 2, 2, 2, 1e7, &positions);
+    let q = rope(&q, heads).unwrap();
     keep("rope", &q);
     let k = m
         .shard(
@@ -193,12 +188,9 @@ fn battery<B: MeshOps>(m: &B, format: WeightFormat) -> Vec<(String, HostTensor)>
         "append_rows.none",
         &m.append_rows(None, &v, kv_heads).unwrap(),
     );
-    let spec = AttentionSpec {
-        heads,
-        kv_heads,
-        head_dim: d,
-    };
-    let attn = m.causal_attention(&q, &keys, &vals, &spec).unwrap();
+    let attn = m
+        .causal_attention(&q, &keys, &vals, heads, kv_heads, d)
+        .unwrap();
     keep("causal_attention", &attn);
     keep("mul_sigmoid", &m.mul_sigmoid(&attn, &gate).unwrap());
     // DeltaNet: 1 key head x 16, 3 value heads x 12 per device, conv over q|k|v.
@@ -230,11 +222,19 @@ fn battery<B: MeshOps>(m: &B, format: WeightFormat) -> Vec<(String, HostTensor)>
         .unwrap();
     keep("delta_gates.g", &g);
     keep("delta_gates.beta", &beta);
-    let (core, state) = m.gated_delta_rule(&conv, &g, &beta, None, &delta).unwrap();
+    let (kh, vh, kd, vd) = (
+        delta.key_heads,
+        delta.value_heads,
+        delta.key_dim,
+        delta.value_dim,
+    );
+    let (core, state) = m
+        .gated_delta_rule(&conv, &g, &beta, None, kh, vh, kd, vd)
+        .unwrap();
     keep("delta_rule", &core);
     keep("delta_rule.state", &state);
     let (core2, state2) = m
-        .gated_delta_rule(&conv2, &g, &beta, Some(&state), &delta)
+        .gated_delta_rule(&conv2, &g, &beta, Some(&state), kh, vh, kd, vd)
         .unwrap();
     keep("delta_rule.continued", &core2);
     keep("delta_rule.state2", &state2);
@@ -258,7 +258,7 @@ fn battery<B: MeshOps>(m: &B, format: WeightFormat) -> Vec<(String, HostTensor)>
     let sin = m.replicate(&rows(t, d, 181)).unwrap();
     let rq = m.rotary(&attn, &cos, &sin, heads, d).unwrap();
     keep("rotary", &rq);
-    let segs = [0..16, 16..20, 20..37];
+    let segs = [0, 16, 16, 20, 20, 37];
     keep(
         "segment_attention",
         &m.segment_attention(&rq, &attn, &gate, heads, d, &segs)
@@ -590,7 +590,7 @@ fn bad_arguments_are_refused_by_the_shim_naming_the_op_and_the_argument() {
         e.contains("split_cols") && e.contains("64 columns split as [10, 10]"),
         "{e}"
     );
-    let e = shim_error(m.segment_attention(&x, &x, &x, 2, 32, &[0..2, 3..4]));
+    let e = shim_error(m.segment_attention(&x, &x, &x, 2, 32, &[0, 2, 3, 4]));
     assert!(
         e.contains("segment_attention") && e.contains("segments"),
         "{e}"

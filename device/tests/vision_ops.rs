@@ -84,12 +84,25 @@ fn segment_attention_sees_only_its_segment_on_one_and_two_devices() {
         values(rows * width, 3),
     );
     let want = attention_f64(&q, &k, &v, heads, d, &segments);
+    // The op's list: each segment's first row and end row.
+    let bounds = |s: &[std::ops::Range<usize>]| -> Vec<u32> {
+        s.iter()
+            .flat_map(|r| [r.start as u32, r.end as u32])
+            .collect()
+    };
     for shape in [MeshShape::ONE, MeshShape::PAIR] {
         let mesh = CpuMesh::new(shape);
         let n = shape.devices();
         let put = |x: &[f32]| mesh.shard(head_shards(x, rows, width, n)).unwrap();
         let out = mesh
-            .segment_attention(&put(&q), &put(&k), &put(&v), heads / n, d, &segments)
+            .segment_attention(
+                &put(&q),
+                &put(&k),
+                &put(&v),
+                heads / n,
+                d,
+                &bounds(&segments),
+            )
             .unwrap();
         let worst = gathered(&mesh, &out)
             .data
@@ -105,7 +118,7 @@ fn segment_attention_sees_only_its_segment_on_one_and_two_devices() {
     let short: Vec<std::ops::Range<usize>> = std::iter::once(0..299).collect();
     for bad in [vec![0..20, 21..300], short, vec![0..0, 0..300]] {
         let e = mesh
-            .segment_attention(&t, &t, &t, heads, d, &bad)
+            .segment_attention(&t, &t, &t, heads, d, &bounds(&bad))
             .unwrap_err();
         assert!(matches!(e, DeviceError::Shape { .. }), "{bad:?}");
     }

@@ -78,6 +78,9 @@ struct Operand {
 struct Param {
   const char* name;
   ParamType type;
+  // Set by the calling mesh from its profile (linear's matmul numerics), not an argument of
+  // the op's MeshOps method: the Rust method generated from this table leaves it out.
+  bool from_profile = false;
 };
 
 struct OpArgs;
@@ -88,6 +91,8 @@ class Call;
 // each result's metadata.
 struct OpDecl {
   const char* name;
+  // What the op computes, for the MeshOps method generated from this table.
+  const char* doc;
   std::vector<Operand> inputs;
   std::vector<Param> params;
   // The name of the op's list of numbers, or null when it takes none.

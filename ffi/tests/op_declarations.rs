@@ -2,12 +2,17 @@
 //! The op table declares the fine ops (`shim/core/op_table.cpp`; the shim lists it at run time
 //! through `clef_tt_op_table`). Each declared op must then be computed by the host backend (its
 //! kernel table in `shim/host/host_backend.cpp`) and by the op package (a method of the same
-//! name in `shim/ttnn/clef_tt_ttnn/`), be a `MeshOps` method whose default body builds its call
-//! (`device/src/ops.rs`), have a kernel of the CPU mesh (its family's `kernel` in
+//! name in `shim/ttnn/clef_tt_ttnn/`), have a kernel of the CPU mesh (its family's `kernel` in
 //! `device/src/cpu/ops/`), and be exercised by the op batteries (`device/tests/tt_mesh.rs`
 //! against the CPU mesh, `shim/ttnn/tests/test_ops_mock.py` on the mock P150x2). The other way
 //! round, clef-device builds no call of an op the table lacks. Text checks beside the table the
 //! shim gives: a missing place fails here by name instead of at run time, or never.
+//!
+//! Its `MeshOps` method is generated from the table (`generate/mod.rs` renders
+//! `device/src/fine_ops.rs`); a test here fails while the checked-in file differs, and
+//! `CLEF_TT_REGENERATE=1` makes it write the file instead.
+
+mod generate;
 
 use std::ffi::c_char;
 use std::path::{Path, PathBuf};
@@ -102,16 +107,6 @@ fn every_declared_op_is_in_every_place_that_needs_it() {
             "def {op}(self",
         ),
         (
-            "device/src/ops.rs (the MeshOps method)",
-            read(&root.join("device/src/ops.rs")),
-            "fn {op}(",
-        ),
-        (
-            "device/src/ops.rs (the method's default body: its call)",
-            read(&root.join("device/src/ops.rs")),
-            "FineCall::new(\"{op}\")",
-        ),
-        (
             "device/src/cpu/ops/ (the CPU mesh's kernel, in its family's `kernel`)",
             sources(&root.join("device/src/cpu/ops"), "rs"),
             "\"{op}\" =>",
@@ -167,11 +162,60 @@ fn the_table_lists_each_op_with_its_operands_parameters_and_results() {
             "{not_op} taken for an op"
         );
     }
-    assert!(json.contains(
-        "{\"name\":\"rms_norm\",\"inputs\":[{\"name\":\"x\",\"kind\":\"activation\",\
-         \"optional\":false},{\"name\":\"w\",\"kind\":\"vector\",\"optional\":false}],\
-         \"params\":[{\"name\":\"group\",\"type\":\"u32\"},{\"name\":\"eps\",\"type\":\"f32\"},\
-         {\"name\":\"one_plus\",\"type\":\"flag\"}],\"list\":null,\"results\":[\"out\"],\
-         \"results_per_list_entry\":false}"
-    ));
+    let table: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rms_norm = table
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["name"] == "rms_norm")
+        .unwrap();
+    assert_eq!(
+        rms_norm["inputs"],
+        serde_json::json!([
+            {"name": "x", "kind": "activation", "optional": false},
+            {"name": "w", "kind": "vector", "optional": false},
+        ])
+    );
+    assert_eq!(
+        rms_norm["params"],
+        serde_json::json!([
+            {"name": "group", "type": "u32", "from_profile": false},
+            {"name": "eps", "type": "f32", "from_profile": false},
+            {"name": "one_plus", "type": "flag", "from_profile": false},
+        ])
+    );
+    assert_eq!(rms_norm["list"], serde_json::Value::Null);
+    assert_eq!(rms_norm["results"], serde_json::json!(["out"]));
+    assert_eq!(rms_norm["results_per_list_entry"], false);
+    assert!(rms_norm["doc"]
+        .as_str()
+        .unwrap()
+        .starts_with("RMSNorm over groups"));
+}
+
+#[test]
+fn the_mesh_ops_fine_methods_are_the_ones_the_table_gives() {
+    let Some(json) = op_table_json() else {
+        return;
+    };
+    let path = ffi().join("../device/src/fine_ops.rs");
+    let rendered = generate::fine_ops_rs(&json);
+    if std::env::var_os("CLEF_TT_REGENERATE").is_some() {
+        std::fs::write(&path, &rendered).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == rendered,
+        "device/src/fine_ops.rs is not what the op table gives (ffi/shim/core/op_table.cpp \
+         changed?): regenerate it with `CLEF_TT_REGENERATE=1 cargo test -p clef-tt-abi --test \
+         op_declarations`"
+    );
+    // Every op of the table has its method there.
+    for op in op_names(&json) {
+        assert!(
+            rendered.contains(&format!("fn {op}(")),
+            "{op}: no method rendered"
+        );
+    }
 }

@@ -22,6 +22,7 @@ pub use weights::{device_parts, CheckpointSource, LoadError};
 
 use crate::checkpoint::{Checkpoint, LayerKind, RowError, RowTable, TextConfig};
 use crate::precision::Precision;
+use clef_device::fine_call::list_u32;
 use clef_device::formats::bf16;
 use clef_device::{
     AttentionSpec, DeltaNetSpec, DeviceError, GatherAxis, Held, HostTensor, MeshOps, RopeSpec,
@@ -475,10 +476,8 @@ impl<B: MeshOps> Backbone<B> {
         let d = spec.head_dim;
         let p = format!("layers.{i}.self_attn");
         let fused = m.linear(x, qkv)?;
-        let parts = m.split_cols(
-            &fused,
-            &[spec.heads * 2 * d, spec.kv_heads * d, spec.kv_heads * d],
-        )?;
+        let widths = [spec.heads * 2 * d, spec.kv_heads * d, spec.kv_heads * d];
+        let parts = m.split_cols(&fused, &list_u32("split_cols", "width", widths)?)?;
         let (qg, k, v) = (&parts[0], &parts[1], &parts[2]);
         trace(format!("{p}.q_proj"), &|| m.gather(qg, GatherAxis::Cols));
         trace(format!("{p}.k_proj"), &|| m.gather(k, GatherAxis::Cols));
@@ -488,14 +487,24 @@ impl<B: MeshOps> Backbone<B> {
         let k = m.rms_norm(k, k_norm, d, cfg.rms_norm_eps, true)?;
         trace(format!("{p}.q_norm"), &|| m.gather(&q, GatherAxis::Cols));
         trace(format!("{p}.k_norm"), &|| m.gather(&k, GatherAxis::Cols));
-        let q = m.rope(&q, &self.rope_spec(spec.heads), positions)?;
-        let k = m.rope(&k, &self.rope_spec(spec.kv_heads), positions)?;
+        let rope = |t: &B::Tensor, heads: usize| {
+            let r = self.rope_spec(heads);
+            let [t_pairs, h_pairs, w_pairs] = r.mrope_section;
+            let positions = positions.as_flattened();
+            let (dim, rotary, theta) = (r.head_dim, r.rotary_dim, r.theta);
+            m.rope(
+                t, heads, dim, rotary, t_pairs, h_pairs, w_pairs, theta, positions,
+            )
+        };
+        let q = rope(&q, spec.heads)?;
+        let k = rope(&k, spec.kv_heads)?;
         // Per request: its keys and values after its cached ones, its queries over them.
         let (outs, states) = self.per_request(caches, ranges, |cache, r| {
             let [q, k, v] = self.segment_rows([&q, &k, v], r, ranges.len())?;
             let keys = m.append_rows(cache.map(|c| c.0), &k, spec.kv_heads)?;
             let values = m.append_rows(cache.map(|c| c.1), &v, spec.kv_heads)?;
-            let out = m.causal_attention(&q, &keys, &values, &spec)?;
+            let (heads, kv_heads) = (spec.heads, spec.kv_heads);
+            let out = m.causal_attention(&q, &keys, &values, heads, kv_heads, d)?;
             Ok((out, LayerState::Attention { keys, values }))
         })?;
         let attn = self.join_rows(outs)?;
@@ -587,7 +596,8 @@ impl<B: MeshOps> Backbone<B> {
         );
         let p = format!("layers.{i}.linear_attn");
         let fused = m.linear(x, in_proj)?;
-        let parts = m.split_cols(&fused, &[2 * kd + vd, vd, nv, nv])?;
+        let widths = list_u32("split_cols", "width", [2 * kd + vd, vd, nv, nv])?;
+        let parts = m.split_cols(&fused, &widths)?;
         let (qkv, z, b, a) = (&parts[0], &parts[1], &parts[2], &parts[3]);
         trace(format!("{p}.in_proj_qkv"), &|| {
             gather_segments(m, qkv, &[kd, kd, vd])
@@ -601,8 +611,19 @@ impl<B: MeshOps> Backbone<B> {
             let [qkv, g, beta] = self.segment_rows([qkv, &g, &beta], r, ranges.len())?;
             let (conv_out, conv_carry) =
                 m.causal_conv1d_silu(&qkv, conv, carried.map(|c| c.0), spec.conv_kernel)?;
-            let (core, recurrent) =
-                m.gated_delta_rule(&conv_out, &g, &beta, carried.map(|c| c.1), &spec)?;
+            let (key_heads, value_heads) = (spec.key_heads, spec.value_heads);
+            let (key_dim, value_dim) = (spec.key_dim, spec.value_dim);
+            let prior = carried.map(|c| c.1);
+            let (core, recurrent) = m.gated_delta_rule(
+                &conv_out,
+                &g,
+                &beta,
+                prior,
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            )?;
             let state = LayerState::DeltaNet {
                 conv: conv_carry,
                 recurrent,
@@ -715,7 +736,7 @@ fn gather_segments<B: MeshOps>(
     t: &B::Tensor,
     widths: &[usize],
 ) -> Result<HostTensor, DeviceError> {
-    let segs = m.split_cols(t, widths)?;
+    let segs = m.split_cols(t, &list_u32("split_cols", "width", widths.iter().copied())?)?;
     let gathered: Vec<HostTensor> = segs
         .iter()
         .map(|s| m.gather(s, GatherAxis::Cols))

@@ -1,8 +1,8 @@
 //! Every [`MeshOps`] op of [`TtMesh`] as its C ABI call: a fine op's call (built by the
-//! trait's default body, ops.rs) through the generic `clef_tt_op` as it is, a layer op through
-//! `clef_tt_layer_op` (layers.rs). The shim checks the arguments against its op table
-//! (ffi/shim/core/op_table.cpp) and computes placements (the same rules as the CPU mesh), so
-//! these are thin: call, own the results.
+//! trait's default body, generated from the op table: fine_ops.rs) through the generic
+//! `clef_tt_op` as it is, a layer op through `clef_tt_layer_op` (layers.rs). The shim checks
+//! the arguments against its op table (ffi/shim/core/op_table.cpp) and computes placements (the
+//! same rules as the CPU mesh), so these are thin: call, own the results.
 //!
 //! SAFETY (all blocks below): every tensor pointer comes from a live handle of this mesh that
 //! outlives the call, every parameter struct or slice outlives the call, and the output
@@ -174,7 +174,7 @@ impl MeshOps for TtMesh {
         w.handle.info().map_or(0, |i| i.device_bytes as usize)
     }
 
-    // The fine ops: each is its call (the default bodies of MeshOps, ops.rs), passed to
+    // The fine ops: each is its call (the default bodies of MeshOps, fine_ops.rs), passed to
     // clef_tt_op as it is; linear adds this mesh's matmul numerics, and all_reduce leaves a
     // replicated tensor as it is.
     fn fine_op(&self, call: &FineCall<'_, TtTensor, TtWeight>) -> Result<Vec<TtTensor>> {

@@ -1,13 +1,15 @@
-// The op table: each fine op of the C ABI declared once — its tensor operands (what each must
-// be, and whether it may be absent), its numeric parameters with their types, the one list of
-// numbers it may take, its results, and its shape rule. The generic entry (abi_ops.cpp) checks
-// handles, roles, counts and parameter types from the declaration before the rule runs; the
-// rule checks the shapes only it knows (refusing with the same messages as clef-device's CPU
-// mesh), computes each result's shape and placement (the rules of device/src/ops.rs), and may
-// compute the rope tables of the rows. A backend then reads its arguments by these names.
+// The op table: each fine op of the C ABI declared once — what it computes, its tensor
+// operands (what each must be, and whether it may be absent), its numeric parameters with
+// their types, the one list of numbers it may take, its results, and its shape rule. The
+// generic entry (abi_ops.cpp) checks handles, roles, counts and parameter types from the
+// declaration before the rule runs; the rule checks the shapes only it knows (refusing with the
+// same messages as clef-device's CPU mesh), computes each result's shape and placement (the
+// rules of device/src/ops.rs), and may compute the rope tables of the rows. A backend then
+// reads its arguments by these names.
 //
-// A new fine op is one entry here, its maths in each backend (host/host_backend.cpp's table,
-// the op package's method of the same name) and its MeshOps method (ffi/README.md).
+// A new fine op is one entry here and its maths in each backend (host/host_backend.cpp's table,
+// the op package's method of the same name, the CPU mesh's kernel); its MeshOps method is
+// generated from this table (device/src/fine_ops.rs; ffi/README.md, "Adding an op").
 #include "op_table.hpp"
 
 #include <string>
@@ -347,34 +349,85 @@ const char* type_name(ParamType t) {
   return "unknown";
 }
 
+// `text` as a JSON string (the docs hold quotes and non-ASCII UTF-8, no control characters).
+std::string json_string(const char* text) {
+  std::string out = "\"";
+  for (const char* c = text; *c != '\0'; ++c) {
+    if (*c == '"' || *c == '\\') out += '\\';
+    out += *c;
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 const std::vector<OpDecl>& op_table() {
-  // name, operands, parameters, list, results, one result per list entry, rule.
+  // name, what it computes, operands, parameters, list, results, one result per list entry,
+  // rule.
   static const std::vector<OpDecl> table = {
       // The text prefill.
       {"linear",
+       "`x · Wᵀ` per device. A replicated `x` against a column-split weight gives a sharded "
+       "result; a sharded `x` against a row-split weight gives partial sums. The matmul numerics "
+       "are the backend's: the tt mesh sets the four parameters from its profile, the CPU mesh "
+       "computes in its own.",
        {{"x", ACT}, {"w", MAT}},
-       {{"fidelity", ParamType::Fidelity},
-        {"fp32_dest_acc", ParamType::Flag},
-        {"bf16_activations", ParamType::Flag},
-        {"packer_l1_acc", ParamType::Flag}},
+       {{"fidelity", ParamType::Fidelity, true},
+        {"fp32_dest_acc", ParamType::Flag, true},
+        {"bf16_activations", ParamType::Flag, true},
+        {"packer_l1_acc", ParamType::Flag, true}},
        nullptr,
        {"out"},
        false,
        linear},
-      {"all_reduce", {{"x", SUMS}}, {}, nullptr, {"out"}, false, all_reduce},
-      {"split_cols", {{"x", ACT}}, {}, "widths", {"parts"}, true, split_cols},
-      {"add", {{"a", ACT}, {"b", ACT}}, {}, nullptr, {"out"}, false, same_shapes},
+      {"all_reduce",
+       "Sum the per-device partial sums and replicate the result (reduce-scatter followed by "
+       "all-gather, as the Tenstorrent port does it). The CPU mesh sums in f32; the ttnn backend "
+       "holds the partial sums in the activation dtype (bf16 collectives, as the port). A "
+       "replicated `x` stays as it is.",
+       {{"x", SUMS}},
+       {},
+       nullptr,
+       {"out"},
+       false,
+       all_reduce},
+      {"split_cols",
+       "Split the columns of every device's part into consecutive blocks of the given widths, one "
+       "result per width.",
+       {{"x", ACT}},
+       {},
+       "widths",
+       {"parts"},
+       true,
+       split_cols},
+      {"add",
+       "`a + b` elementwise.",
+       {{"a", ACT}, {"b", ACT}},
+       {},
+       nullptr,
+       {"out"},
+       false,
+       same_shapes},
       {"rms_norm",
+       "RMSNorm over groups of `group` consecutive channels: `x / rms(x) * (1 + w)` when "
+       "`one_plus`, else `* w`. `w` is a `[group, 1]` weight, the same on every device.",
        {{"x", ACT}, {"w", VEC}},
        {{"group", U32}, {"eps", ParamType::F32}, {"one_plus", ParamType::Flag}},
        nullptr,
        {"out"},
        false,
        rms_norm},
-      {"swiglu", {{"gate_up", ACT}}, {}, nullptr, {"out"}, false, swiglu},
+      {"swiglu",
+       "`silu(gate) * up` where each device part is `[gate | up]` in two equal halves.",
+       {{"gate_up", ACT}},
+       {},
+       nullptr,
+       {"out"},
+       false,
+       swiglu},
       {"split_query_gate",
+       "Split per-head `[query(head_dim) | gate(head_dim)]` columns of `heads` heads into a query "
+       "tensor and a gate tensor.",
        {{"qg", ACT}},
        {{"heads", U32}, {"head_dim", U32}},
        nullptr,
@@ -382,6 +435,10 @@ const std::vector<OpDecl>& op_table() {
        false,
        split_query_gate},
       {"rope",
+       "Rotate the leading `rotary_dim` channels of each of `heads` heads (partial, interleaved "
+       "M-RoPE in the rotate-half layout, base `theta`); `positions` holds a (t, h, w) triple per "
+       "row. Frequency slot j follows h if j%3==1 and j<3*section_h, w if j%3==2 and "
+       "j<3*section_w, else t.",
        {{"x", ACT}},
        {{"heads", U32},
         {"head_dim", U32},
@@ -395,6 +452,8 @@ const std::vector<OpDecl>& op_table() {
        false,
        rope},
       {"append_rows",
+       "Append `rows` to a per-device cache of `heads` heads (KV pages, which a backend may hold "
+       "paged per head); an absent `cache` starts one from `rows`.",
        {{"cache", ACT, true}, {"rows", ACT}},
        {{"heads", U32}},
        nullptr,
@@ -402,14 +461,27 @@ const std::vector<OpDecl>& op_table() {
        false,
        append_rows},
       {"causal_attention",
+       "Causal softmax attention of the queries (absolute positions `start..start+T`) over the "
+       "cached keys and values (positions `0..start+T`): `heads` query heads over `kv_heads` "
+       "key/value heads (GQA) of `head_dim`, scale `head_dim^-0.5`, fp32.",
        {{"q", ACT}, {"keys", ACT}, {"values", ACT}},
        {{"heads", U32}, {"kv_heads", U32}, {"head_dim", U32}},
        nullptr,
        {"out"},
        false,
        causal_attention},
-      {"mul_sigmoid", {{"x", ACT}, {"gate", ACT}}, {}, nullptr, {"out"}, false, same_shapes},
+      {"mul_sigmoid",
+       "`x * sigmoid(gate)` elementwise.",
+       {{"x", ACT}, {"gate", ACT}},
+       {},
+       nullptr,
+       {"out"},
+       false,
+       same_shapes},
       {"causal_conv1d_silu",
+       "Causal depthwise conv over time plus SiLU. `w` is `[channels, kernel]` per device; `carry` "
+       "holds the last `kernel-1` inputs of the previous chunk (absent = zeros). Gives the output "
+       "and the new carry.",
        {{"x", ACT}, {"w", VEC}, {"carry", ACT, true}},
        {{"kernel", U32}},
        nullptr,
@@ -417,6 +489,8 @@ const std::vector<OpDecl>& op_table() {
        false,
        causal_conv1d_silu},
       {"delta_gates",
+       "DeltaNet gates: `g = -exp(a_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`, fp32. "
+       "`a_log` and `dt_bias` are `[value_heads, 1]` weights per device.",
        {{"a", ACT}, {"b", ACT}, {"a_log", VEC}, {"dt_bias", VEC}},
        {},
        nullptr,
@@ -424,6 +498,10 @@ const std::vector<OpDecl>& op_table() {
        false,
        delta_gates},
       {"gated_delta_rule",
+       "The chunked gated delta rule (q/k L2-normalised inside, q scaled by `key_dim^-0.5`, key "
+       "heads shared by consecutive value heads). `qkv` is the conv output `[q | k | v]`; `state` "
+       "is `[value_heads * key_dim, value_dim]` per device (absent = zeros). Gives the core output "
+       "`[T, value_heads * value_dim]` and the final state.",
        {{"qkv", ACT}, {"g", ACT}, {"beta", ACT}, {"state", ACT, true}},
        {{"key_heads", U32}, {"value_heads", U32}, {"key_dim", U32}, {"value_dim", U32}},
        nullptr,
@@ -431,6 +509,7 @@ const std::vector<OpDecl>& op_table() {
        false,
        gated_delta_rule},
       {"gated_rms_norm",
+       "Gated RMSNorm per group of `group` channels: `w * x / rms(x) * silu(z)` (plain `w`).",
        {{"x", ACT}, {"z", ACT}, {"w", VEC}},
        {{"group", U32}, {"eps", ParamType::F32}},
        nullptr,
@@ -439,14 +518,25 @@ const std::vector<OpDecl>& op_table() {
        gated_rms_norm},
       // The vision tower.
       {"layer_norm",
+       "LayerNorm over each row: `(x - mean) / sqrt(var + eps) * w + b`; `w` and `b` are `[cols, "
+       "1]` weights, the same on every device.",
        {{"x", ACT}, {"w", VEC}, {"b", VEC}},
        {{"eps", ParamType::F32}},
        nullptr,
        {"out"},
        false,
        layer_norm},
-      {"add_bias", {{"x", ACT}, {"b", VEC}}, {}, nullptr, {"out"}, false, add_bias},
+      {"add_bias",
+       "Add a bias row to every row. `b` is each device's `[cols, 1]` part: split like the columns "
+       "of a sharded `x`, whole for a replicated one.",
+       {{"x", ACT}, {"b", VEC}},
+       {},
+       nullptr,
+       {"out"},
+       false,
+       add_bias},
       {"gelu",
+       "GELU elementwise, tanh-approximated or exact (erf) as `kind` says.",
        {{"x", ACT}},
        {{"kind", ParamType::GeluKind}},
        nullptr,
@@ -454,6 +544,9 @@ const std::vector<OpDecl>& op_table() {
        false,
        same_as_input},
       {"rotary",
+       "Rotate-half rotary embedding over whole heads (`heads` of `head_dim`) with tables `cos`, "
+       "`sin` (replicated, `[rows, head_dim]`, the same for every head): `x * cos + rotate_half(x) "
+       "* sin`.",
        {{"x", ACT}, {"cos", ACT}, {"sin", ACT}},
        {{"heads", U32}, {"head_dim", U32}},
        nullptr,
@@ -461,13 +554,25 @@ const std::vector<OpDecl>& op_table() {
        false,
        rotary},
       {"segment_attention",
+       "Bidirectional softmax attention (scale `head_dim^-0.5`, fp32) in which the rows of each "
+       "segment attend only to the rows of the same segment (one image, or one pair of video "
+       "frames). `q`, `k`, `v` are `[rows, heads * head_dim]` per device; `segments` holds each "
+       "segment's first row and end row, the segments covering the rows in order.",
        {{"q", ACT}, {"k", ACT}, {"v", ACT}},
        {{"heads", U32}, {"head_dim", U32}},
        "segments",
        {"out"},
        false,
        segment_attention},
-      {"fold_rows", {{"x", ACT}}, {{"group", U32}}, nullptr, {"out"}, false, fold_rows},
+      {"fold_rows",
+       "Join every `group` consecutive rows into one row (`[rows, cols]` to `[rows/group, "
+       "cols*group]`, a reshape).",
+       {{"x", ACT}},
+       {{"group", U32}},
+       nullptr,
+       {"out"},
+       false,
+       fold_rows},
   };
   return table;
 }
@@ -493,7 +598,8 @@ std::string op_table_json() {
     out += "],\"params\":[";
     for (size_t i = 0; i < op.params.size(); ++i) {
       out += std::string(i ? "," : "") + "{\"name\":\"" + op.params[i].name + "\",\"type\":\"" +
-             type_name(op.params[i].type) + "\"}";
+             type_name(op.params[i].type) +
+             "\",\"from_profile\":" + (op.params[i].from_profile ? "true" : "false") + "}";
     }
     out += "],\"list\":";
     out += op.list == nullptr ? std::string("null") : "\"" + std::string(op.list) + "\"";
@@ -502,7 +608,7 @@ std::string op_table_json() {
       out += std::string(i ? "," : "") + "\"" + op.results[i] + "\"";
     }
     out += std::string("],\"results_per_list_entry\":") +
-           (op.results_per_list_entry ? "true" : "false") + "}";
+           (op.results_per_list_entry ? "true" : "false") + ",\"doc\":" + json_string(op.doc) + "}";
   }
   return out + "]";
 }

@@ -11,6 +11,7 @@ pub mod inputs;
 pub mod plan;
 
 use crate::preprocess::{Grid, MERGE};
+use clef_device::fine_call::list_u32;
 use clef_device::plan::{Collective, PlaceError, PlanError, SplitError, WeightPlan, WeightSource};
 use clef_device::{DeviceError, GatherAxis, Gelu, HostTensor, MeshOps, WeightFormat};
 pub use inputs::TowerInputs;
@@ -267,11 +268,14 @@ impl<B: MeshOps> VisionTower<B> {
         let cos = mesh.replicate(&HostTensor::new(patches, head_dim, inputs.cos))?;
         let sin = mesh.replicate(&HostTensor::new(patches, head_dim, inputs.sin))?;
         let width = heads * head_dim;
+        let qkv_widths = list_u32("split_cols", "width", [width; 3])?;
+        let bounds = inputs.segments.iter().flat_map(|s| [s.start, s.end]);
+        let segment_bounds = list_u32("segment_attention", "segment bound", bounds)?;
         for (j, b) in self.blocks.iter().enumerate() {
             let h = mesh.layer_norm(&x, &b.norm1.weight, &b.norm1.bias, NORM_EPS)?;
             let qkv = self.column_parallel(mesh, &h, &b.qkv)?;
             let [q, k, v]: [B::Tensor; 3] = mesh
-                .split_cols(&qkv, &[width, width, width])?
+                .split_cols(&qkv, &qkv_widths)?
                 .try_into()
                 .map_err(|_| DeviceError::Shape {
                     op: "vision tower",
@@ -279,7 +283,7 @@ impl<B: MeshOps> VisionTower<B> {
                 })?;
             let q = mesh.rotary(&q, &cos, &sin, heads, head_dim)?;
             let k = mesh.rotary(&k, &cos, &sin, heads, head_dim)?;
-            let attended = mesh.segment_attention(&q, &k, &v, heads, head_dim, &inputs.segments)?;
+            let attended = mesh.segment_attention(&q, &k, &v, heads, head_dim, &segment_bounds)?;
             x = mesh.add(&x, &self.row_parallel(mesh, &attended, &b.proj)?)?;
             let h = mesh.layer_norm(&x, &b.norm2.weight, &b.norm2.bias, NORM_EPS)?;
             let up = mesh.gelu(&self.column_parallel(mesh, &h, &b.fc1)?, Gelu::Tanh)?;
