@@ -30,6 +30,10 @@ pub struct FineCall<'a, T, W> {
     pub list: Vec<u32>,
     /// How many results the op gives.
     pub results: usize,
+    /// The parameters the calling mesh sets from its profile (the table's `from_profile`,
+    /// linear's matmul numerics): their index in `params`, which holds NaN there, and name.
+    /// The tt mesh fills them; the CPU mesh computes in its own numerics and reads none.
+    pub profile: Vec<(usize, &'static str)>,
 }
 
 impl<'a, T, W> FineCall<'a, T, W> {
@@ -41,6 +45,7 @@ impl<'a, T, W> FineCall<'a, T, W> {
             params: Vec::new(),
             list: Vec::new(),
             results: 1,
+            profile: Vec::new(),
         }
     }
 
@@ -80,6 +85,13 @@ impl<'a, T, W> FineCall<'a, T, W> {
     /// An enum parameter by its ABI code.
     pub fn code(mut self, v: u32) -> Self {
         self.params.push(f64::from(v));
+        self
+    }
+
+    /// A parameter the calling mesh sets from its profile, by its name in the op table.
+    pub fn profile(mut self, name: &'static str) -> Self {
+        self.profile.push((self.params.len(), name));
+        self.params.push(f64::NAN);
         self
     }
 
@@ -230,6 +242,10 @@ mod tests {
             "{e}"
         );
         assert!(list_u32("split_cols", "width", [1usize << 33]).is_err());
+        // A parameter left to the mesh's profile keeps its place in the declared order.
+        let call: FineCall<'_, u8, u16> = FineCall::new("linear").size(3).profile("fidelity");
+        assert_eq!(call.profile, vec![(1, "fidelity")]);
+        assert!(call.params[1].is_nan() && call.params.len() == 2);
         assert!(one("x", vec![1, 2]).is_err() && two("x", vec![1]).is_err());
         assert_eq!(two("x", vec![1, 2]).unwrap(), (1, 2));
     }

@@ -18,7 +18,11 @@ macro_rules! fine_ops {
         fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> $crate::Result<Self::Tensor> {
             let call = $crate::fine_call::FineCall::new("linear")
                 .tensor(x)
-                .weight(w);
+                .weight(w)
+                .profile("fidelity")
+                .profile("fp32_dest_acc")
+                .profile("bf16_activations")
+                .profile("packer_l1_acc");
             $crate::fine_call::one(call.op, self.fine_op(&call)?)
         }
         /// Sum the per-device partial sums and replicate the result (reduce-scatter followed by

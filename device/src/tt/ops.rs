@@ -12,12 +12,13 @@ use super::layers::{stream_and_pairs, three, Input};
 use super::{dim, TtMesh, TtTensor, TtWeight};
 use crate::fine_call::{one, FineCall};
 use crate::{
-    AttentionLayer, BatchedLayer, DeltaNetLayer, DeltaNetSpec, GatherAxis, HostTensor, HostWeight,
-    MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats, PrefillPass, Result, RowBatch,
-    WeightBytes, WeightFormat, WeightKind,
+    AttentionLayer, BatchedLayer, DeltaNetLayer, DeltaNetSpec, DeviceError, GatherAxis, HostTensor,
+    HostWeight, MeshOps, MeshShape, MlpLayer, Numerics, PassOutput, PassStats, PrefillPass, Result,
+    RowBatch, WeightBytes, WeightFormat, WeightKind,
 };
 use clef_tt_abi as sys;
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::ffi::CString;
 use std::ptr::{null, null_mut};
 
@@ -38,6 +39,19 @@ pub(super) fn matmul_numerics(n: &Numerics) -> [u32; 4] {
         u32::from(n.bf16_activations),
         1,
     ]
+}
+
+/// The value of a parameter the op table leaves to the mesh's profile, by its name there (an
+/// op whose table entry names one this mesh does not know is unsupported here).
+fn profile_param(n: &Numerics, op: &'static str, name: &str) -> Result<u32> {
+    let [fidelity, fp32_dest_acc, bf16_activations, packer_l1_acc] = matmul_numerics(n);
+    match name {
+        "fidelity" => Ok(fidelity),
+        "fp32_dest_acc" => Ok(fp32_dest_acc),
+        "bf16_activations" => Ok(bf16_activations),
+        "packer_l1_acc" => Ok(packer_l1_acc),
+        _ => Err(DeviceError::Unsupported { op, backend: "tt" }),
+    }
 }
 
 impl TtMesh {
@@ -175,23 +189,14 @@ impl MeshOps for TtMesh {
     }
 
     // The fine ops: each is its call (the default bodies of MeshOps, fine_ops.rs), passed to
-    // clef_tt_op as it is; linear adds this mesh's matmul numerics, and all_reduce leaves a
-    // replicated tensor as it is.
+    // clef_tt_op with the parameters it leaves to the mesh's profile filled in (linear's
+    // matmul numerics); all_reduce leaves a replicated tensor as it is.
     fn fine_op(&self, call: &FineCall<'_, TtTensor, TtWeight>) -> Result<Vec<TtTensor>> {
-        self.call_op(
-            call.op,
-            &call.operands,
-            &call.params,
-            &call.list,
-            call.results,
-        )
-    }
-
-    fn linear(&self, x: &TtTensor, w: &TtWeight) -> Result<TtTensor> {
-        let call = matmul_numerics(&self.numerics)
-            .into_iter()
-            .fold(FineCall::new("linear").tensor(x).weight(w), FineCall::code);
-        one(call.op, self.fine_op(&call)?)
+        let mut params = Cow::Borrowed(&call.params);
+        for &(i, name) in &call.profile {
+            params.to_mut()[i] = f64::from(profile_param(&self.numerics, call.op, name)?);
+        }
+        self.call_op(call.op, &call.operands, &params, &call.list, call.results)
     }
 
     fn all_reduce(&self, x: &TtTensor) -> Result<TtTensor> {

@@ -6,7 +6,7 @@
 //! The mapping: an activation or partial-sums operand is `&Self::Tensor` (`Option<..>` when it
 //! may be absent), a vector or matrix operand `&Self::Weight`; a `u32` parameter is a `usize`,
 //! `f32` and `f64` the same, a flag a `bool`, a GELU kind a `Gelu`; a parameter the mesh sets
-//! from its profile is left out; the list is a `&[u32]`; one result is a tensor, two a pair, one
+//! from its profile is no argument (the call marks its place for the mesh); the list is a `&[u32]`; one result is a tensor, two a pair, one
 //! per list entry a `Vec`.
 
 use serde_json::Value;
@@ -82,10 +82,11 @@ fn method(op: &Value) -> String {
         }
     }
     for param in list(op, "params") {
+        let arg = text(param, "name");
         if param["from_profile"].as_bool() == Some(true) {
+            encoding.push(format!(".profile(\"{arg}\")"));
             continue;
         }
-        let arg = text(param, "name");
         let (ty, encoded) = match text(param, "type") {
             "u32" => ("usize", format!(".size({arg})")),
             "f32" => ("f32", format!(".real(f64::from({arg}))")),

@@ -8,19 +8,18 @@ Layout (mirrors ffi/shim/backend.hpp):
 - mesh.py      `Mesh` (DeviceMesh): device ids, memory, op statistics, close
 - transfers.py upload / download / read_stored / device_bytes / copy / free (staging.py the
                host buffers written to the devices with no conversion)
-- text_ops.py  linear, all_reduce, split_cols, add, rms_norm, swiglu, split_query_gate, rope,
-               mul_sigmoid
-- kv_cache.py  append_rows (the paged KV cache); attention.py causal_attention,
-               segment_attention
-- delta.py     causal_conv1d_silu, delta_gates, gated_delta_rule, gated_rms_norm
-- vision.py    layer_norm, add_bias, gelu, rotary, fold_rows
+- fine ops, a module per family (each module's docstring lists its ops; the op table,
+  ffi/shim/core/op_table.cpp, declares them): text_ops.py the text prefill's dense and
+  elementwise ops and rope, kv_cache.py the paged KV cache, attention.py attention, delta.py
+  Gated DeltaNet's, vision.py the vision tower's
 - layers.py    layer_op: a whole attention, DeltaNet or MLP sublayer in one call
 - passes.py    the layer op "pass": a whole prefill chunk, replayed from a ttnn trace per form
                (pass_plan.py its inputs and KV plan, trace.py capture and replay, persistent.py
                the DeltaNet state at fixed addresses)
 - graph.py     command: the mesh commands (ttnn's graph capture, the traces' facts)
-- meta.py      `Meta` and the C enums (abi.py, generated from ffi/include/clef_tt.h); dispatch.py the per-op call counter; programs.py the
-               compute kernel and program configs
+- meta.py      `Meta` and the C enums (abi.py, generated from ffi/include/clef_tt.h);
+               dispatch.py the per-op call counter; programs.py the compute kernel and
+               program configs
 Imports only ttnn and numpy (never torch); CPython 3.10 and 3.12.
 """
 
