@@ -11,18 +11,33 @@
 //! `random` writes benchmark checkpoints; `perf_model` predicts a mesh's memory and chunk time
 //! from the plans; `bench` holds the measurements behind `clef-tt bench`;
 //! `compare` checks a device layer by layer against the CPU (`clef-tt compare-layers`).
+//!
+//! The `server` feature (default) holds every module but `request`, `encode` and
+//! `checkpoint`, with the dependencies only they need (HTTP, TLS, images, the CLI); the fuzz
+//! targets build without it.
 
+#[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
 pub mod backbone;
+#[cfg(feature = "server")]
 pub mod bench;
 pub mod checkpoint;
+#[cfg(feature = "server")]
 pub mod compare;
 pub mod encode;
+#[cfg(feature = "server")]
 pub mod engine;
+#[cfg(feature = "server")]
 pub mod head;
+#[cfg(feature = "server")]
 pub mod media;
+#[cfg(feature = "server")]
 pub mod perf_model;
+#[cfg(feature = "server")]
 pub mod precision;
+#[cfg(feature = "server")]
 pub mod random;
 pub mod request;
+#[cfg(feature = "server")]
 pub mod tensor_cache;

@@ -15,6 +15,7 @@ mod head;
 mod hub;
 pub mod inspect;
 mod rows;
+#[cfg(feature = "server")]
 pub mod shapes;
 mod tensors;
 
