@@ -194,7 +194,11 @@ impl MeshOps for TtMesh {
     fn fine_op(&self, call: &FineCall<'_, TtTensor, TtWeight>) -> Result<Vec<TtTensor>> {
         let mut params = Cow::Borrowed(&call.params);
         for &(i, name) in &call.profile {
-            params.to_mut()[i] = f64::from(profile_param(&self.numerics, call.op, name)?);
+            let value = f64::from(profile_param(&self.numerics, call.op, name)?);
+            // A place past the parameters (never built so) stays out: the shim refuses the count.
+            if let Some(slot) = params.to_mut().get_mut(i) {
+                *slot = value;
+            }
         }
         self.call_op(call.op, &call.operands, &params, &call.list, call.results)
     }
